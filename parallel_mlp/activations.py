@@ -1,0 +1,190 @@
+"""Every activation's math, forward and derivative, written once.
+
+Each formula is a plain function of its inputs and of a small math namespace ``m`` that supplies
+the few primitives the formulas need (``tanh``, ``sigmoid``, ``relu``, ``step``). The reference
+backend evaluates them with :data:`TORCH_MATH` on fp32 tensors; the CuTe kernels evaluate the very
+same functions with a namespace of device intrinsics on fp32 registers. So there is one source of
+truth per activation, and the kernels' device math is tested against this module.
+
+Gated activations read an interleaved pre-activation: column ``2i`` is gate unit ``i`` and column
+``2i + 1`` is up unit ``i`` (einops ``"... (h two)"``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+# sqrt(2 / pi), the constant of the tanh approximation of GELU.
+_GELU_C = math.sqrt(2.0 / math.pi)
+_GELU_A = 0.044715
+# The sigmoid slope of OpenAI's SwiGLU variant (gpt-oss).
+_OAI_ALPHA = 1.702
+
+
+class TorchMath:
+    """The primitives the formulas use, on torch tensors."""
+
+    tanh = staticmethod(torch.tanh)
+    sigmoid = staticmethod(torch.sigmoid)
+    relu = staticmethod(torch.relu)
+
+    @staticmethod
+    def step(x):
+        """1 where x > 0, else 0 (the derivative of relu; 0 at 0, as torch defines it)."""
+        return (x > 0).to(x.dtype)
+
+
+TORCH_MATH = TorchMath()
+
+
+# ---- non-gated: f(x) and f'(x) -------------------------------------------------------------
+
+
+def gelu_tanh_approx(x, m):
+    return 0.5 * x * (1.0 + m.tanh(_GELU_C * (x + _GELU_A * x * x * x)))
+
+
+def gelu_tanh_approx_grad(x, m):
+    t = m.tanh(_GELU_C * (x + _GELU_A * x * x * x))
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * (_GELU_C * (1.0 + 3.0 * _GELU_A * x * x))
+
+
+def relu(x, m):
+    return m.relu(x)
+
+
+def relu_grad(x, m):
+    return m.step(x)
+
+
+def relu_sq(x, m):
+    r = m.relu(x)
+    return r * r
+
+
+def relu_sq_grad(x, m):
+    return 2.0 * m.relu(x)
+
+
+# ---- gated: f(g, u) and (df/dg, df/du) -----------------------------------------------------
+
+
+def swiglu(g, u, m):
+    return g * m.sigmoid(g) * u
+
+
+def swiglu_grad(g, u, m):
+    s = m.sigmoid(g)
+    silu = g * s
+    return u * (s + silu * (1.0 - s)), silu
+
+
+def swiglu_oai(g, u, m):
+    return g * m.sigmoid(_OAI_ALPHA * g) * (u + 1.0)
+
+
+def swiglu_oai_grad(g, u, m):
+    s = m.sigmoid(_OAI_ALPHA * g)
+    gs = g * s
+    return (u + 1.0) * (s + _OAI_ALPHA * gs * (1.0 - s)), gs
+
+
+def reglu(g, u, m):
+    return m.relu(g) * u
+
+
+def reglu_grad(g, u, m):
+    return u * m.step(g), m.relu(g)
+
+
+def geglu(g, u, m):
+    return gelu_tanh_approx(g, m) * u
+
+
+def geglu_grad(g, u, m):
+    return u * gelu_tanh_approx_grad(g, m), gelu_tanh_approx(g, m)
+
+
+def glu(g, u, m):
+    return m.sigmoid(g) * u
+
+
+def glu_grad(g, u, m):
+    s = m.sigmoid(g)
+    return u * s * (1.0 - s), s
+
+
+@dataclass(frozen=True)
+class Activation:
+    """One activation: its name, whether it is gated, and its formula and derivative.
+
+    ``fn``/``grad`` take ``(x, m)`` when non-gated and ``(g, u, m)`` when gated; ``grad`` of a gated
+    activation returns ``(df/dg, df/du)``.
+    """
+
+    name: str
+    gated: bool
+    fn: Callable
+    grad: Callable
+
+    def forward(self, preact: torch.Tensor) -> torch.Tensor:
+        """postact = act(preact), computed in fp32, returned in preact's dtype.
+
+        Gated: preact ``[..., 2h]`` interleaved, postact ``[..., h]``.
+        """
+        x = preact.float()
+        if self.gated:
+            out = self.fn(x[..., 0::2], x[..., 1::2], TORCH_MATH)
+        else:
+            out = self.fn(x, TORCH_MATH)
+        return out.to(preact.dtype)
+
+    def backward(
+        self, preact: torch.Tensor, dpostact: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(dpreact, postact): the chain rule through act, and act recomputed, both in fp32 math.
+
+        Gated: dpreact is ``[..., 2h]`` interleaved like preact.
+        """
+        x = preact.float()
+        dy = dpostact.float()
+        if self.gated:
+            g, u = x[..., 0::2], x[..., 1::2]
+            dg, du = self.grad(g, u, TORCH_MATH)
+            dpreact = torch.stack((dg * dy, du * dy), dim=-1).flatten(-2)
+            postact = self.fn(g, u, TORCH_MATH)
+        else:
+            dpreact = self.grad(x, TORCH_MATH) * dy
+            postact = self.fn(x, TORCH_MATH)
+        return dpreact.to(preact.dtype), postact.to(preact.dtype)
+
+
+ACTIVATIONS: dict[str, Activation] = {
+    a.name: a
+    for a in (
+        Activation("gelu_tanh_approx", False, gelu_tanh_approx, gelu_tanh_approx_grad),
+        Activation("relu", False, relu, relu_grad),
+        Activation("relu_sq", False, relu_sq, relu_sq_grad),
+        Activation("swiglu", True, swiglu, swiglu_grad),
+        Activation("swiglu_oai", True, swiglu_oai, swiglu_oai_grad),
+        Activation("reglu", True, reglu, reglu_grad),
+        Activation("geglu", True, geglu, geglu_grad),
+        Activation("glu", True, glu, glu_grad),
+    )
+}
+
+
+def get_activation(name: str) -> Activation:
+    """Look up an activation by name, with an error that lists the valid names."""
+    if isinstance(name, Activation):
+        return name
+    try:
+        return ACTIVATIONS[name]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"activation={name!r} is not known; choose one of {sorted(ACTIVATIONS)}"
+        ) from None

@@ -1,0 +1,136 @@
+"""The op interface of the MLP's GEMMs, and the choice of implementation per call.
+
+Three ops (``b`` is usually a transposed view of a weight)::
+
+    gemm(a, b, out=None, out_dtype=None, accumulate=False) -> out      # out (+)= a @ b
+    gemm_act(a, b, activation, bias=None, store_preact=True) -> (preact | None, postact)
+    gemm_dact(a, b, preact, activation) -> (dpreact, postact)          # dpostact = a @ b
+
+``torch`` is the reference and the fallback: cuBLAS (or the CPU matmul) plus the activation math of
+:mod:`parallel_mlp.activations`. ``cute`` runs the CuTe DSL kernels of ``parallel_mlp.kernels`` on
+sm_90. ``auto`` takes ``cute`` where it applies and otherwise ``torch``, saying why once at debug level.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from .activations import get_activation
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "cute", "torch")
+
+
+def check_backend_name(backend: str) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} is not known; choose one of {BACKENDS}")
+    return backend
+
+
+# ---- torch: the reference -------------------------------------------------------------------
+
+
+def _mm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b with an fp32 result accumulated in fp32, without rounding through a.dtype."""
+    if a.dtype == torch.float32:
+        return a @ b
+    if a.is_cuda:
+        # cuBLAS accumulates in fp32 and writes fp32 directly: no bf16 rounding of the product.
+        return torch.mm(a, b, out_dtype=torch.float32)
+    return a.float() @ b.float()
+
+
+class TorchBackend:
+    """cuBLAS/CPU matmul plus the reference activation math (computed in fp32)."""
+
+    name = "torch"
+
+    @staticmethod
+    def gemm(a, b, out=None, out_dtype=None, accumulate=False):
+        if accumulate:
+            if out is None:
+                raise ValueError("gemm(accumulate=True) needs out= to accumulate into")
+            out.add_(_mm_fp32(a, b) if out.dtype == torch.float32 else a @ b)
+            return out
+        dtype = out_dtype or (out.dtype if out is not None else a.dtype)
+        result = _mm_fp32(a, b).to(dtype) if dtype == torch.float32 else (a @ b).to(dtype)
+        if out is None:
+            return result
+        return out.copy_(result)
+
+    @staticmethod
+    def gemm_act(a, b, activation, bias=None, store_preact=True):
+        act = get_activation(activation)
+        preact = a @ b if bias is None else torch.addmm(bias, a, b)
+        postact = act.forward(preact)
+        return (preact if store_preact else None), postact
+
+    @staticmethod
+    def gemm_dact(a, b, preact, activation):
+        act = get_activation(activation)
+        return act.backward(preact, a @ b)
+
+
+# ---- cute: the CuTe DSL kernels ---------------------------------------------------------------
+
+
+class CuteBackend:
+    """Adapter to ``parallel_mlp.kernels.ops``, imported lazily (it needs the CuTe DSL)."""
+
+    name = "cute"
+
+    @staticmethod
+    def _ops():
+        from .kernels import ops
+
+        return ops
+
+    @classmethod
+    def unsupported_reason(cls, *tensors: torch.Tensor) -> str | None:
+        # Cheap checks first, so CPU runs never pay for importing the DSL.
+        for t in tensors:
+            if not t.is_cuda:
+                return f"a {t.device.type} tensor was given; the CuTe kernels run on CUDA (sm_90)"
+        try:
+            ops = cls._ops()
+        except Exception as e:  # the DSL is missing or broken: say so instead of crashing
+            return f"the CuTe DSL kernels cannot be imported ({type(e).__name__}: {e})"
+        return ops.unsupported_reason(*tensors)
+
+    @classmethod
+    def gemm(cls, a, b, out=None, out_dtype=None, accumulate=False):
+        return cls._ops().gemm(a, b, out=out, out_dtype=out_dtype, accumulate=accumulate)
+
+    @classmethod
+    def gemm_act(cls, a, b, activation, bias=None, store_preact=True):
+        return cls._ops().gemm_act(a, b, activation, bias=bias, store_preact=store_preact)
+
+    @classmethod
+    def gemm_dact(cls, a, b, preact, activation):
+        return cls._ops().gemm_dact(a, b, preact, activation)
+
+
+_warned: set[str] = set()
+
+
+def resolve(backend: str, *tensors: torch.Tensor):
+    """The backend object to run ops on these tensors with.
+
+    ``tensors`` are the operands of the call (None entries are ignored); the CuTe path must accept
+    all of them (CUDA sm_90, bf16/fp16, 16-byte aligned strides) or ``auto`` falls back.
+    """
+    if backend == "torch":
+        return TorchBackend
+    tensors = tuple(t for t in tensors if t is not None)
+    reason = CuteBackend.unsupported_reason(*tensors)
+    if reason is None:
+        return CuteBackend
+    if backend == "cute":
+        raise ValueError(f"backend='cute' cannot run here: {reason}")
+    if reason not in _warned:
+        _warned.add(reason)
+        log.debug("parallel_mlp: backend='auto' falls back to 'torch': %s", reason)
+    return TorchBackend

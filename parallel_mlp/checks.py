@@ -1,0 +1,82 @@
+"""Checks of what a user can get wrong, each raising an error that names the parameter, the value
+and the rule. Kept apart from the math so the hot path reads plainly."""
+
+from __future__ import annotations
+
+import torch
+
+from .activations import Activation
+
+
+def require_positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
+    if value <= 0:
+        raise ValueError(f"{name} must be positive, got {value}")
+    return value
+
+
+def require_divisible(name: str, value: int, tp_size: int) -> None:
+    if value % tp_size != 0:
+        raise ValueError(
+            f"{name}={value} is not divisible by the tensor-parallel size {tp_size}; "
+            f"each rank must hold an equal shard"
+        )
+
+
+def require_tensor(name: str, t, optional: bool = False) -> None:
+    if t is None and optional:
+        return
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def check_shards(x, w1, b1, w2, b2, act: Activation) -> None:
+    """Shapes, dtypes and devices of one rank's MLP inputs (see parallel_mlp_func)."""
+    require_tensor("x", x)
+    require_tensor("w1", w1)
+    require_tensor("w2", w2)
+    require_tensor("b1", b1, optional=True)
+    require_tensor("b2", b2, optional=True)
+    if w1.dim() != 2 or w2.dim() != 2:
+        raise ValueError(
+            f"w1 and w2 must be 2-D weight shards, got w1 {tuple(w1.shape)} and w2 {tuple(w2.shape)}"
+        )
+    if x.dim() < 1 or x.shape[-1] != w1.shape[1]:
+        raise ValueError(
+            f"x's last dim must be in_features={w1.shape[1]} (w1 is [fc1 rows, in_features]), "
+            f"got x of shape {tuple(x.shape)}"
+        )
+    rows = w1.shape[0]
+    if act.gated and rows % 2 != 0:
+        raise ValueError(
+            f"activation={act.name!r} is gated, so fc1 holds interleaved (gate, up) row pairs and "
+            f"its size must be even; got w1 with {rows} rows"
+        )
+    hidden = rows // 2 if act.gated else rows
+    if w2.shape[1] != hidden:
+        raise ValueError(
+            f"w2 must be [out_features, {hidden}] to match w1's {rows} rows with "
+            f"activation={act.name!r}, got w2 of shape {tuple(w2.shape)}"
+        )
+    if b1 is not None and tuple(b1.shape) != (rows,):
+        raise ValueError(f"b1 must have shape ({rows},) like w1's rows, got {tuple(b1.shape)}")
+    if b2 is not None and tuple(b2.shape) != (w2.shape[0],):
+        raise ValueError(
+            f"b2 must have shape ({w2.shape[0]},) like w2's rows, got {tuple(b2.shape)}"
+        )
+    named = [("x", x), ("w1", w1), ("w2", w2), ("b1", b1), ("b2", b2)]
+    named = [(n, t) for n, t in named if t is not None]
+    for n, t in named:
+        if not t.is_floating_point():
+            raise TypeError(f"{n} must be a floating-point tensor, got dtype {t.dtype}")
+        if t.device != x.device:
+            raise ValueError(f"{n} is on {t.device} but x is on {x.device}; all must share a device")
+    # Under autocast, mixed dtypes are expected: the function casts to autocast's dtype.
+    if not torch.is_autocast_enabled(x.device.type):
+        for n, t in named[1:]:
+            if t.dtype != x.dtype:
+                raise TypeError(
+                    f"{n} has dtype {t.dtype} but x has {x.dtype}; they must match "
+                    f"(or run under torch.autocast)"
+                )

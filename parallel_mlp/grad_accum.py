@@ -1,0 +1,42 @@
+"""Where a weight-gradient GEMM writes, with Megatron's fused gradient-accumulation semantics.
+
+With ``fuse_grad_accum=True``:
+
+- a weight with an fp32 ``main_grad`` (Megatron DDP) gets the wgrad GEMM accumulated into
+  ``main_grad`` in place; where the weight has a ``grad_added_to_main_grad`` attribute it is set to
+  True and a dummy gradient is returned (zero-filled if ``weight.zero_out_wgrad``), so that DDP's
+  hooks still fire; otherwise None is returned;
+- a weight without ``main_grad`` but with a ``.grad`` gets the GEMM accumulated into ``.grad``;
+- otherwise, and always when fusion is off, the GEMM writes a fresh gradient.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .backends import resolve
+
+
+def weight_grad(backend: str, a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor, fuse: bool):
+    """Run ``a @ b`` as ``weight``'s gradient; returns what autograd should receive for it.
+
+    The backend is resolved with the output buffer among the operands, since a kernel that can
+    read ``a`` and ``b`` may still not accumulate into that buffer's dtype.
+    """
+
+    def gemm(a, b, out=None, **kw):
+        return resolve(backend, a, b, out).gemm(a, b, out=out, **kw)
+
+    if fuse:
+        main_grad = getattr(weight, "main_grad", None)
+        if main_grad is not None:
+            gemm(a, b, out=main_grad, accumulate=True)
+            if hasattr(weight, "grad_added_to_main_grad"):
+                weight.grad_added_to_main_grad = True
+                make = torch.zeros if getattr(weight, "zero_out_wgrad", False) else torch.empty
+                return make(weight.shape, dtype=weight.dtype, device=weight.device)
+            return None
+        if weight.grad is not None:
+            gemm(a, b, out=weight.grad, accumulate=True)
+            return None
+    return gemm(a, b, out_dtype=weight.dtype)

@@ -1,0 +1,167 @@
+"""ParallelMLP: fc1 column-parallel, fc2 row-parallel, one fused autograd function per call."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from . import checkpoint
+from .activations import get_activation
+from .autograd import ParallelMLPFunction
+from .backends import check_backend_name
+from .checks import check_shards, require_divisible, require_positive_int
+from .params import set_muon_hooks, set_tp_metadata
+from .tp import TPGroup, all_gather_objects, resolve_group
+
+
+def parallel_mlp_func(x, w1, w2, activation, *, b1=None, b2=None, tp_group=None,
+                      recompute=False, fuse_grad_accum=False, backend="auto"):
+    """The TP MLP on this rank's shards: ``all_reduce(act(x @ w1.T + b1) @ w2.T) + b2``.
+
+    ``w1`` is this rank's fc1 rows (gated: interleaved gate/up pairs), ``w2`` its fc2 columns,
+    ``b1`` its fc1 bias slice and ``b2`` the full, replicated fc2 bias. Collective when the TP
+    group has more than one rank.
+    """
+    act = get_activation(activation)
+    check_backend_name(backend)
+    check_shards(x, w1, b1, w2, b2, act)
+    tp = tp_group if isinstance(tp_group, TPGroup) else resolve_group(tp_group)
+    return ParallelMLPFunction.apply(x, w1, b1, w2, b2, act, tp, bool(recompute),
+                                     bool(fuse_grad_accum), backend)
+
+
+def default_hidden_features(in_features: int, gated: bool) -> int:
+    return int(8 / 3 * in_features) if gated else 4 * in_features
+
+
+class ColumnParallelShard(nn.Module):
+    """fc1's shard: rows ``[r*F/p, (r+1)*F/p)`` of the global ``[F, in]`` weight (and bias)."""
+
+    def __init__(self, in_features, out_features_per_rank, bias, device, dtype):
+        super().__init__()
+        kw = dict(device=device, dtype=dtype)
+        self.weight = nn.Parameter(torch.empty(out_features_per_rank, in_features, **kw))
+        self.bias = nn.Parameter(torch.empty(out_features_per_rank, **kw)) if bias else None
+        set_tp_metadata(self.weight, partition_dim=0)
+        if self.bias is not None:
+            set_tp_metadata(self.bias, partition_dim=0)
+
+
+class RowParallelShard(nn.Module):
+    """fc2's shard: columns ``[r*h/p, (r+1)*h/p)`` of the global ``[out, h]`` weight; the bias is
+    replicated on every rank and added once, after the all-reduce."""
+
+    def __init__(self, in_features_per_rank, out_features, bias, device, dtype):
+        super().__init__()
+        kw = dict(device=device, dtype=dtype)
+        self.weight = nn.Parameter(torch.empty(out_features, in_features_per_rank, **kw))
+        self.bias = nn.Parameter(torch.empty(out_features, **kw)) if bias else None
+        set_tp_metadata(self.weight, partition_dim=1)
+        if self.bias is not None:
+            set_tp_metadata(self.bias, partition_dim=None)
+
+
+class ParallelMLP(nn.Module):
+    """A Megatron-style tensor-parallel MLP: ``fc2(act(fc1(x)))`` split over the ranks of
+    ``tp_group``.
+
+    fc1 is column-parallel (rank r holds rows ``[r*F/p, (r+1)*F/p)`` of ``W1 [F, in]``, ``F = 2h``
+    for gated activations with interleaved gate/up rows), fc2 row-parallel (rank r holds columns
+    ``[r*h/p, (r+1)*h/p)`` of ``W2 [out, h]``). Input and output are replicated across the group.
+    """
+
+    def __init__(self, in_features, hidden_features=None, out_features=None, *,
+                 activation="gelu_tanh_approx", bias1=False, bias2=False, multiple_of=1,
+                 tp_group=None, recompute=False, fuse_grad_accum=False, backend="auto",
+                 device=None, dtype=None):
+        super().__init__()
+        act = get_activation(activation)
+        require_positive_int("in_features", in_features)
+        require_positive_int("multiple_of", multiple_of)
+        if hidden_features is None:
+            hidden_features = default_hidden_features(in_features, act.gated)
+        require_positive_int("hidden_features", hidden_features)
+        hidden_features = math.ceil(hidden_features / multiple_of) * multiple_of
+        out_features = in_features if out_features is None else out_features
+        require_positive_int("out_features", out_features)
+        check_backend_name(backend)
+
+        self.tp = resolve_group(tp_group)
+        require_divisible("hidden_features", hidden_features, self.tp.size)
+        self.in_features, self.hidden_features, self.out_features = (
+            in_features, hidden_features, out_features)
+        self.activation = act
+        self.recompute, self.fuse_grad_accum, self.backend = (
+            bool(recompute), bool(fuse_grad_accum), backend)
+        self._check_same_config_across_ranks(bias1, bias2, dtype)
+
+        fc1_rows = (2 if act.gated else 1) * hidden_features
+        self.fc1 = ColumnParallelShard(in_features, fc1_rows // self.tp.size, bias1, device, dtype)
+        self.fc2 = RowParallelShard(hidden_features // self.tp.size, out_features, bias2,
+                                    device, dtype)
+        if act.gated:
+            set_muon_hooks(self.fc1.weight)
+        if self.fc1.weight.device.type != "meta":
+            self.reset_parameters()
+
+    @property
+    def fc1_features(self) -> int:
+        """Rows of the global W1: 2h for gated activations, h otherwise."""
+        return (2 if self.activation.gated else 1) * self.hidden_features
+
+    def _check_same_config_across_ranks(self, bias1, bias2, dtype) -> None:
+        """One collective at construction, so a rank built differently fails here instead of
+        hanging (or silently computing garbage) in the first all-reduce."""
+        config = dict(in_features=self.in_features, hidden_features=self.hidden_features,
+                      out_features=self.out_features, activation=self.activation.name,
+                      bias1=bool(bias1), bias2=bool(bias2), recompute=self.recompute,
+                      fuse_grad_accum=self.fuse_grad_accum, dtype=str(dtype))
+        configs = all_gather_objects(config, self.tp)
+        for rank, other in enumerate(configs):
+            diff = {k: (config[k], other[k]) for k in config if config[k] != other[k]}
+            if diff:
+                details = ", ".join(f"{k}: this rank {a!r}, rank {rank} {b!r}"
+                                    for k, (a, b) in diff.items())
+                raise ValueError(
+                    f"ParallelMLP was built with different configurations on the ranks of one "
+                    f"tensor-parallel group (size {self.tp.size}): {details}")
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """nn.Linear's default init, drawn for the *global* matrices and sliced, so that the
+        model is the same at every TP size given the same seed on every rank."""
+        for shard, fan_in, dim in ((self.fc1, self.in_features, 0),
+                                   (self.fc2, self.hidden_features, 1)):
+            full_shape = list(shard.weight.shape)
+            full_shape[dim] *= self.tp.size
+            bound = 1.0 / math.sqrt(fan_in)
+            full = torch.empty(full_shape).uniform_(-bound, bound)
+            shard.weight.copy_(full.chunk(self.tp.size, dim)[self.tp.rank])
+            if shard.bias is not None:
+                full_bias = torch.empty(shard.bias.shape[0] * (self.tp.size if dim == 0 else 1))
+                full_bias.uniform_(-bound, bound)
+                part = full_bias.chunk(self.tp.size)[self.tp.rank] if dim == 0 else full_bias
+                shard.bias.copy_(part)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return parallel_mlp_func(
+            x, self.fc1.weight, self.fc2.weight, self.activation,
+            b1=self.fc1.bias, b2=self.fc2.bias, tp_group=self.tp, recompute=self.recompute,
+            fuse_grad_accum=self.fuse_grad_accum, backend=self.backend)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Global (unsharded) weights on every rank; collective over the TP group."""
+        return checkpoint.gather_full_state_dict(self)
+
+    def load_full_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Take this rank's slice of global weights (from any TP size); checks everything first,
+        so a failed load leaves the module untouched."""
+        checkpoint.load_full_state_dict(self, state_dict)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, hidden_features={self.hidden_features}, "
+                f"out_features={self.out_features}, activation={self.activation.name!r}, "
+                f"tp_size={self.tp.size}, recompute={self.recompute}, "
+                f"fuse_grad_accum={self.fuse_grad_accum}, backend={self.backend!r}")

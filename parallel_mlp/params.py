@@ -1,0 +1,36 @@
+"""TP metadata on parameters, in Megatron's attribute names, and the Muon reshape hooks.
+
+Megatron-core and TP-aware optimizers read ``tensor_model_parallel``, ``partition_dim`` and
+``partition_stride`` off each parameter. Because our fc1 shards concatenate along dim 0 to the
+global interleaved W1, a gated fc1 can also expose how to view it as separate gate and up matrices:
+``_muon_reshape_functions = (split, merge)``, so Muon orthogonalizes gate and up on their own.
+"""
+
+from __future__ import annotations
+
+import torch
+from einops import rearrange
+
+# The interleaved gated layout: row 2i is gate unit i, row 2i+1 is up unit i.
+GATED_ROWS = "(h two) d"
+
+
+def split_gate_up(w: torch.Tensor) -> torch.Tensor:
+    """[2h, d] interleaved -> [2, h, d]: index 0 the gate rows, 1 the up rows."""
+    return rearrange(w, f"{GATED_ROWS} -> two h d", two=2)
+
+
+def merge_gate_up(w: torch.Tensor) -> torch.Tensor:
+    """[2, h, d] -> [2h, d] interleaved; the inverse of :func:`split_gate_up`."""
+    return rearrange(w, f"two h d -> {GATED_ROWS}", two=2)
+
+
+def set_tp_metadata(param: torch.Tensor, partition_dim: int | None) -> None:
+    """Mark ``param`` as split along ``partition_dim`` across TP ranks, or replicated if None."""
+    param.tensor_model_parallel = partition_dim is not None
+    param.partition_dim = -1 if partition_dim is None else partition_dim
+    param.partition_stride = 1
+
+
+def set_muon_hooks(param: torch.Tensor) -> None:
+    param._muon_reshape_functions = (split_gate_up, merge_gate_up)
