@@ -1,0 +1,75 @@
+"""Kernel configuration: what a compiled kernel is specialized on, and the shape heuristic.
+
+A :class:`GemmConfig` fixes everything that changes the generated code except the epilogue:
+CTA tile, cluster shape, rasterization group, and the SM count the persistent grid is sized for.
+Problem sizes and strides stay dynamic, so one compiled kernel serves every shape of a layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Hopper SXM parts (H100, H200) have 132 SMs; the persistent grid is sized for this many CTAs at
+# most. A part with fewer SMs would still run correctly (the scheduler strides by the launched
+# grid), only with one partial wave.
+DEFAULT_NUM_SMS = 132
+
+# K extent of one pipeline stage for 16-bit operands: 64 elements = 128 bytes, one full 128B swizzle
+# row, which is what TMA and WGMMA both like best.
+TILE_K = 64
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    tile_m: int = 128
+    tile_n: int = 256
+    cluster_m: int = 1
+    cluster_n: int = 1
+    # Grouped rasterization: tiles are visited in groups of `raster_group` columns (clusters) of
+    # tiles, walking down M inside a group, so consecutive CTAs share B tiles and A tiles in L2.
+    raster_group: int = 8
+    num_sms: int = DEFAULT_NUM_SMS
+
+    def __post_init__(self):
+        if self.tile_m not in (64, 128):
+            raise ValueError(f"tile_m={self.tile_m}: must be 64 or 128")
+        if self.tile_n not in (64, 128, 192, 256):
+            raise ValueError(f"tile_n={self.tile_n}: must be 64, 128, 192 or 256")
+        if self.cluster_m * self.cluster_n > 4 or self.cluster_m not in (1, 2) or self.cluster_n not in (1, 2):
+            raise ValueError(f"cluster=({self.cluster_m},{self.cluster_n}): each 1 or 2")
+
+    @property
+    def key(self) -> str:
+        return (
+            f"t{self.tile_m}x{self.tile_n}_c{self.cluster_m}x{self.cluster_n}"
+            f"_g{self.raster_group}_sm{self.num_sms}"
+        )
+
+
+def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS) -> GemmConfig:
+    """Pick a tile for an (M, N, K) problem without timing anything.
+
+    128x256 with two consumer warpgroups is the fastest tile on Hopper when there are enough tiles
+    to fill the machine. When 128x256 tiles would leave most SMs idle (small M*N, e.g. a wgrad
+    with a small N or a short sequence), smaller tiles give more CTAs.
+    """
+    def waves(tm, tn):
+        tiles = -(-m // tm) * -(-n // tn)
+        return tiles / num_sms
+
+    if waves(128, 256) >= 2 or n > 128 and waves(128, 256) >= 1:
+        return GemmConfig(128, 256, 2 if m >= 2048 else 1, 1, 8, num_sms)
+    if waves(128, 128) >= 1:
+        return GemmConfig(128, 128, 1, 1, 8, num_sms)
+    return GemmConfig(128, 64 if n <= 64 else 128, 1, 1, 8, num_sms)
+
+
+# Candidates that `tuned=True` times for a shape (all must compile for every layout).
+TUNE_CANDIDATES = (
+    GemmConfig(128, 256, 1, 1, 8),
+    GemmConfig(128, 256, 2, 1, 8),
+    GemmConfig(128, 256, 1, 1, 16),
+    GemmConfig(128, 128, 1, 1, 8),
+    GemmConfig(128, 128, 2, 1, 8),
+    GemmConfig(128, 192, 1, 1, 8),
+)

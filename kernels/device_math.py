@@ -1,0 +1,41 @@
+"""The math namespace the activation formulas run with on the device.
+
+``parallel_mlp.activations`` writes every activation once, as a function of fp32 values and a
+namespace ``m`` of primitives. The reference backend passes torch ops; the kernels' epilogues pass
+:data:`DEVICE_MATH`, whose primitives lower to PTX on fp32 registers. So the epilogue of a fused
+kernel evaluates the very formula the reference does, and only these four primitives differ.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32
+
+
+class DeviceMath:
+    """tanh / sigmoid / relu / step on fp32 scalars inside a ``@cute.jit`` trace."""
+
+    @staticmethod
+    def tanh(x):
+        # fastmath (not tanh.approx): the approximate instruction's ~2^-11 relative error would show
+        # in dpreact, which feeds two more GEMMs; the accurate lowering costs a few more FMAs.
+        return cute.math.tanh(Float32(x), fastmath=True)
+
+    @staticmethod
+    def sigmoid(x):
+        # 1 / (1 + e^-x): e^-x overflows to inf for x << 0 and the result is then exactly 0, so no
+        # clamp is needed.
+        return Float32(1.0) / (Float32(1.0) + cute.math.exp(-Float32(x), fastmath=True))
+
+    @staticmethod
+    def relu(x):
+        return cute.arch.fmax(Float32(x), Float32(0.0))
+
+    @staticmethod
+    def step(x):
+        # 1 where x > 0 else 0, matching torch's relu derivative (0 at 0).
+        return cutlass.select_(Float32(x) > Float32(0.0), Float32(1.0), Float32(0.0))
+
+
+DEVICE_MATH = DeviceMath()

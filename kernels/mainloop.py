@@ -1,0 +1,80 @@
+"""The GEMM mainloop: a TMA producer warp and WGMMA consumer warpgroups around an smem ring.
+
+Stage s of the ring holds one (tile_m x 64) slice of A and one (tile_n x 64) slice of B. The
+producer waits until a stage is empty, arms its "full" mbarrier with the bytes it expects, and
+issues two TMA loads that complete on that mbarrier (multicast to the other CTAs of the cluster
+that share the slice). The consumers wait on "full", issue the stage's WGMMAs asynchronously, and
+release the *previous* stage once its WGMMAs have retired (wait_group(1)), so one stage of MMAs
+is always in flight while the next is being issued.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+
+
+@cute.jit
+def produce_tile(
+    ab_pipeline: pipeline.PipelineTmaAsync,
+    state: pipeline.PipelineState,
+    tma_atom_a: cute.CopyAtom,
+    tAgA: cute.Tensor,
+    tAsA: cute.Tensor,
+    a_mcast_mask,
+    tma_atom_b: cute.CopyAtom,
+    tBgB: cute.Tensor,
+    tBsB: cute.Tensor,
+    b_mcast_mask,
+    k_tiles: cutlass.Int32,
+):
+    """Load all K slices of one output tile's A and B rows into the ring; returns the state."""
+    for k in cutlass.range(k_tiles, unroll=1):
+        ab_pipeline.producer_acquire(state)
+        bar = ab_pipeline.producer_get_barrier(state)
+        cute.copy(tma_atom_a, tAgA[(None, k)], tAsA[(None, state.index)], tma_bar_ptr=bar, mcast_mask=a_mcast_mask)
+        cute.copy(tma_atom_b, tBgB[(None, k)], tBsB[(None, state.index)], tma_bar_ptr=bar, mcast_mask=b_mcast_mask)
+        # TMA arrives on the barrier itself; commit is a no-op kept for the pipeline protocol.
+        ab_pipeline.producer_commit(state)
+        state.advance()
+    return state
+
+
+@cute.jit
+def consume_tile(
+    ab_pipeline: pipeline.PipelineTmaAsync,
+    read_state: pipeline.PipelineState,
+    release_state: pipeline.PipelineState,
+    tiled_mma: cute.TiledMma,
+    acc: cute.Tensor,
+    tCrA: cute.Tensor,
+    tCrB: cute.Tensor,
+    k_tiles: cutlass.Int32,
+):
+    """acc = sum over K of A_k @ B_k for one tile; returns (read_state, release_state)."""
+    num_k_blocks = cute.size(tCrA, mode=[2])
+    # The caller has set ACCUMULATE once for the whole persistent loop (mutating the TiledMma here,
+    # inside the loop, would not be threaded through the staged control flow); so clear first.
+    acc.fill(0.0)
+    cute.nvgpu.warpgroup.fence()
+    # Prologue: issue the first stage without waiting on anything.
+    ab_pipeline.consumer_wait(read_state)
+    for kb in cutlass.range_constexpr(num_k_blocks):
+        cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read_state.index)], tCrB[(None, None, kb, read_state.index)], acc)
+    cute.nvgpu.warpgroup.commit_group()
+    read_state.advance()
+    for k in cutlass.range(1, k_tiles, unroll=1):
+        ab_pipeline.consumer_wait(read_state)
+        for kb in cutlass.range_constexpr(num_k_blocks):
+            cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read_state.index)], tCrB[(None, None, kb, read_state.index)], acc)
+        cute.nvgpu.warpgroup.commit_group()
+        # Keep this stage's MMAs in flight; the previous stage's have retired, so free its slot.
+        cute.nvgpu.warpgroup.wait_group(1)
+        ab_pipeline.consumer_release(release_state)
+        release_state.advance()
+        read_state.advance()
+    cute.nvgpu.warpgroup.wait_group(0)
+    ab_pipeline.consumer_release(release_state)
+    release_state.advance()
+    return read_state, release_state
