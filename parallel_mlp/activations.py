@@ -118,6 +118,11 @@ def glu_grad(g, u, m):
     return u * s * (1.0 - s), s
 
 
+def _upcast(t: torch.Tensor) -> torch.Tensor:
+    """At least fp32: bf16/fp16 are computed in fp32 (as the kernels do), fp64 stays fp64."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
 @dataclass(frozen=True)
 class Activation:
     """One activation: its name, whether it is gated, and its formula and derivative.
@@ -132,11 +137,11 @@ class Activation:
     grad: Callable
 
     def forward(self, preact: torch.Tensor) -> torch.Tensor:
-        """postact = act(preact), computed in fp32, returned in preact's dtype.
+        """postact = act(preact), computed in at least fp32, returned in preact's dtype.
 
         Gated: preact ``[..., 2h]`` interleaved, postact ``[..., h]``.
         """
-        x = preact.float()
+        x = _upcast(preact)
         if self.gated:
             out = self.fn(x[..., 0::2], x[..., 1::2], TORCH_MATH)
         else:
@@ -146,12 +151,12 @@ class Activation:
     def backward(
         self, preact: torch.Tensor, dpostact: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(dpreact, postact): the chain rule through act, and act recomputed, both in fp32 math.
+        """(dpreact, postact): the chain rule through act, and act recomputed, both in at least fp32.
 
         Gated: dpreact is ``[..., 2h]`` interleaved like preact.
         """
-        x = preact.float()
-        dy = dpostact.float()
+        x = _upcast(preact)
+        dy = _upcast(dpostact)
         if self.gated:
             g, u = x[..., 0::2], x[..., 1::2]
             dg, du = self.grad(g, u, TORCH_MATH)

@@ -1,0 +1,800 @@
+"""Benchmark: our fused kernels vs cuBLAS, PyTorch eager and torch.compile, in one process.
+
+    python -m parallel_mlp.bench                      # one GPU: GEMMs, fused ops, whole MLP, cold start
+    python -m parallel_mlp.bench --dry-run            # tiny shapes; on a machine without CUDA, the CPU
+    torchrun --nproc-per-node 2 -m parallel_mlp.bench --tp    # the MLP at TP = world size
+
+Sections (``--only`` picks some):
+
+- ``gemms``: the six GEMMs of the MLP with the operand layouts the layer really uses (plus the
+  wgrads accumulated into an fp32 main grad), ours vs ``torch.mm`` (cuBLAS); then ``gemm_act`` and
+  ``gemm_dact`` vs a plain cuBLAS GEMM of the same shape and vs eager torch (GEMM + activation).
+- ``mlp``: ParallelMLP fwd+bwd at TP=1 (default and recompute modes) vs a plain PyTorch module
+  (eager and torch.compile), with peak memory per variant; then the cold start of a new process.
+
+Timing follows the workplace's method: CUDA events around each call, warm-up first, the median of
+``--iters`` calls, random inputs (never zeros), several input sets rotated when one set would sit in
+L2, and a cuBLAS 8192^3 line at the start and end so the run states its own ceiling and drift.
+
+Every measurement is guarded: an error (the kernels missing, a shape they reject, an OOM) is
+recorded in its row of the JSON and the table, and the run goes on. The table is printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import bench_report
+from .activations import get_activation
+from .backends import CuteBackend, TorchBackend, resolve
+from .layer import ParallelMLP
+from .params import split_gate_up
+
+DEFAULT_CONFIGS = "swiglu:14336,swiglu:7168,gelu_tanh_approx:16384"
+# Tiny shapes for --dry-run: every code path, seconds on a CPU. Sizes stay multiples of 64 so the
+# CuTe kernels' 16-byte alignment holds when a dry run happens on a GPU.
+DRY_RUN = dict(tokens=256, d_model=128, configs="swiglu:384,swiglu:192,gelu_tanh_approx:512",
+               iters=3, warmup=1, ceiling_size=256)
+# Leave room after the budget for the table, the JSON and the chart.
+DEFAULT_BUDGET_S = 270.0
+# torch.compile's first call can take tens of seconds: don't start one with less time than this.
+COMPILE_RESERVE_S = 60.0
+
+
+def log(msg: str) -> None:
+    """Progress goes to stderr, so stdout ends with the table alone."""
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+# ---- run context ----------------------------------------------------------------------------
+
+
+@dataclass
+class Ctx:
+    """Everything a section needs: shapes, device, timing settings, and which backend is ours."""
+
+    device: torch.device
+    dtype: torch.dtype
+    tokens: int
+    d_model: int
+    configs: list[tuple[str, int]]
+    iters: int
+    warmup: int
+    backend: str
+    deadline: float
+    skip_compile: bool = False
+    cold_start_config: tuple[str, int] | None = None
+    ours: object = None            # the resolved backend class, or None when it cannot run
+    ours_reason: str | None = None  # why not
+    l2_bytes: int = 0
+    cuda: bool = field(init=False)
+
+    def __post_init__(self):
+        self.cuda = self.device.type == "cuda"
+
+    def time_left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def rand(self, *shape: int, scale: float = 1.0) -> torch.Tensor:
+        # Random, never zero: zeros hide unwritten outputs and can run faster than real data.
+        return torch.randn(*shape, device=self.device, dtype=self.dtype).mul_(scale)
+
+
+def parse_configs(text: str) -> list[tuple[str, int]]:
+    """'swiglu:14336,gelu_tanh_approx:16384' -> [('swiglu', 14336), ('gelu_tanh_approx', 16384)]."""
+    configs = []
+    for item in text.split(","):
+        name, _, hidden = item.strip().partition(":")
+        get_activation(name)  # an unknown name fails here, with the list of valid ones
+        if not hidden.isdigit() or int(hidden) <= 0:
+            raise ValueError(f"--configs item {item!r}: expected activation:hidden, e.g. swiglu:14336")
+        configs.append((name, int(hidden)))
+    return configs
+
+
+def config_label(act: str, h: int) -> str:
+    return f"{act}:{h}"
+
+
+def fc1_features(act: str, h: int) -> int:
+    return 2 * h if get_activation(act).gated else h
+
+
+def mlp_flops(tokens: int, d: int, act: str, h: int) -> float:
+    """fwd+bwd = 3 x forward, forward = fc1 (2*T*d*F) + fc2 (2*T*h*d), as issue 3 counts it."""
+    return 3.0 * (2 * tokens * d * fc1_features(act, h) + 2 * tokens * h * d)
+
+
+# ---- timing ---------------------------------------------------------------------------------
+
+
+def input_sets(ctx: Ctx, bytes_per_set: int, max_sets: int = 4) -> int:
+    """How many input sets to rotate through so that repeated calls don't just measure the L2:
+    one when a set is well over the L2, more when it would fit."""
+    if bytes_per_set >= 2 * ctx.l2_bytes:
+        return 1
+    return max(1, min(max_sets, math.ceil(3 * ctx.l2_bytes / max(bytes_per_set, 1))))
+
+
+def nbytes(*tensors: torch.Tensor) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def time_calls(ctx: Ctx, fn, n_sets: int = 1) -> dict:
+    """Median time of ``fn(i)`` over ctx.iters calls after ctx.warmup, ``i`` cycling the input sets.
+
+    On CUDA each call sits between two events and the host never waits inside the loop, so the
+    queue stays full; on the CPU a perf_counter pair per call.
+    """
+    for i in range(ctx.warmup):
+        fn(i % n_sets)
+    ctx.sync()
+    if ctx.cuda:
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(ctx.iters)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(ctx.iters)]
+        for i in range(ctx.iters):
+            starts[i].record()
+            fn(i % n_sets)
+            ends[i].record()
+        torch.cuda.synchronize(ctx.device)
+        times = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+    else:
+        times = []
+        for i in range(ctx.iters):
+            t0 = time.perf_counter()
+            fn(i % n_sets)
+            times.append((time.perf_counter() - t0) * 1e3)
+    return {"ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times),
+            "iters": ctx.iters, "input_sets": n_sets}
+
+
+def with_tflops(timing: dict, flops: float) -> dict:
+    timing["tflops"] = flops / (timing["ms"] * 1e-3) / 1e12
+    return timing
+
+
+def attempt(ctx: Ctx, what: str, fn, *args, min_time_s: float = 0.0) -> dict:
+    """Run one measurement; an exception becomes ``{"error": ...}`` so one broken row never ends
+    the run, and a measurement that would start past the time budget is skipped."""
+    if ctx.time_left() < min_time_s:
+        return {"skipped": f"over the time budget ({ctx.time_left():.0f} s left)"}
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001 - recorded in the results, never swallowed silently
+        log(f"{what} failed: {type(e).__name__}: {e}")
+        traceback.print_exc(file=sys.stderr)
+        if ctx.cuda:
+            torch.cuda.empty_cache()  # after an OOM, let the next row start from a clean pool
+        return {"error": f"{type(e).__name__}: {e}"[:600]}
+
+
+def ours_or_reason(ctx: Ctx):
+    """The measurement for a row of ours when our backend cannot run here: say so, per row."""
+    if ctx.ours is None:
+        return {"unavailable": ctx.ours_reason}
+    return None
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in fp32: a cheap guard against timing a kernel that computes
+    something else (bf16 operands land between 1e-3 and 1e-2)."""
+    out, ref = out.float(), ref.float()
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+# ---- ceiling ---------------------------------------------------------------------------------
+
+
+def bench_ceiling(ctx: Ctx, n: int) -> dict:
+    """cuBLAS n^3 in our dtype: the rate this run can hope for, measured, not from a datasheet."""
+    a, b = ctx.rand(n, n), ctx.rand(n, n)
+    out = time_calls(ctx, lambda i: torch.mm(a, b))
+    return with_tflops(out, 2.0 * n ** 3) | {"size": n}
+
+
+# ---- the six GEMMs ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GemmCase:
+    """out [M, N] (+)= a [M, K] @ b [K, N]; ``a_t`` / ``b_t``: the operand is a transposed view."""
+
+    name: str
+    m: int
+    n: int
+    k: int
+    a_t: bool
+    b_t: bool
+    accumulate: bool = False
+
+
+def mlp_gemm_cases(tokens: int, d: int, act: str, h: int) -> list[GemmCase]:
+    """The GEMMs autograd.py issues, with its layouts: weights are [out, in] row-major, so the
+    forward reads W.T views, and the wgrads read activations.T views."""
+    T, f = tokens, fc1_features(act, h)
+    return [
+        GemmCase("fc1 fwd   x @ W1.T", T, f, d, False, True),
+        GemmCase("fc2 fwd   post @ W2.T", T, d, h, False, True),
+        GemmCase("fc2 dgrad dy @ W2", T, h, d, False, False),
+        GemmCase("fc1 dgrad dpre @ W1", T, d, f, False, False),
+        GemmCase("fc2 wgrad dy.T @ post", d, h, T, True, False),
+        GemmCase("fc1 wgrad dpre.T @ x", f, d, T, True, False),
+        GemmCase("fc2 wgrad +=fp32 main", d, h, T, True, False, accumulate=True),
+        GemmCase("fc1 wgrad +=fp32 main", f, d, T, True, False, accumulate=True),
+    ]
+
+
+def make_operand(ctx: Ctx, rows: int, cols: int, transposed: bool) -> torch.Tensor:
+    """A [rows, cols] operand; when ``transposed``, a .t() view of a contiguous [cols, rows]."""
+    if transposed:
+        return ctx.rand(cols, rows).t()
+    return ctx.rand(rows, cols)
+
+
+def cublas_accumulate_fn(ctx: Ctx):
+    """How cuBLAS accumulates into an fp32 main grad from torch: one addmm with beta=1 and an fp32
+    output where this torch has it (what Megatron/TE do), else the reference backend's
+    mm-then-add. Probed once on a small case and checked against the reference."""
+
+    def addmm_fp32(a, b, out):
+        return torch.addmm(out, a, b, out_dtype=torch.float32, out=out)
+
+    def mm_then_add(a, b, out):
+        return TorchBackend.gemm(a, b, out=out, accumulate=True)
+
+    a, b = ctx.rand(64, 96), ctx.rand(96, 32)
+    base = torch.randn(64, 32, device=ctx.device)
+    want = base + a.float() @ b.float()
+    try:
+        got = addmm_fp32(a, b, base.clone())
+        if rel_err(got, want) < 1e-2:
+            return "addmm(beta=1, out_dtype=fp32)", addmm_fp32
+    except Exception:  # noqa: BLE001 - not in this torch/device; fall back
+        pass
+    return "mm(out_dtype=fp32) + add_", mm_then_add
+
+
+def bench_gemm(ctx: Ctx, case: GemmCase, accumulate_fn) -> dict:
+    set_bytes = ctx.dtype.itemsize * (case.m * case.k + case.k * case.n + case.m * case.n)
+    n_sets = input_sets(ctx, set_bytes)
+    sets = [(make_operand(ctx, case.m, case.k, case.a_t), make_operand(ctx, case.k, case.n, case.b_t))
+            for _ in range(n_sets)]
+    flops = 2.0 * case.m * case.n * case.k
+    row: dict = {}
+
+    if case.accumulate:
+        main = torch.randn(case.m, case.n, device=ctx.device, dtype=torch.float32)
+        cublas = lambda i: accumulate_fn(*sets[i], main)  # noqa: E731
+        ours = lambda i: ctx.ours.gemm(*sets[i], out=main, accumulate=True)  # noqa: E731
+    else:
+        cublas = lambda i: torch.mm(*sets[i])  # noqa: E731
+        ours = lambda i: ctx.ours.gemm(*sets[i])  # noqa: E731
+
+    row["cublas"] = attempt(ctx, f"cuBLAS {case.name}",
+                            lambda: with_tflops(time_calls(ctx, cublas, n_sets), flops))
+    row["ours"] = ours_or_reason(ctx) or attempt(
+        ctx, f"ours {case.name}", lambda: with_tflops(time_calls(ctx, ours, n_sets), flops))
+    if ctx.ours is not None:
+        row["rel_err"] = attempt(ctx, f"check {case.name}", check_gemm, ctx, case, sets[0],
+                                 accumulate_fn)
+    return row
+
+
+def check_gemm(ctx: Ctx, case: GemmCase, operands, accumulate_fn):
+    a, b = operands
+    if not case.accumulate:
+        return rel_err(ctx.ours.gemm(a, b), torch.mm(a, b))
+    base = torch.randn(case.m, case.n, device=ctx.device, dtype=torch.float32)
+    ours, ref = base.clone(), base.clone()
+    ctx.ours.gemm(a, b, out=ours, accumulate=True)
+    accumulate_fn(a, b, ref)
+    return rel_err(ours - base, ref - base)  # the added product, not the (random) base
+
+
+def section_gemms(ctx: Ctx, results: dict) -> None:
+    name, accumulate_fn = cublas_accumulate_fn(ctx)
+    results["meta"]["cublas_accumulate"] = name
+    rows = results.setdefault("gemms", [])
+    for act, h in ctx.configs:
+        for case in mlp_gemm_cases(ctx.tokens, ctx.d_model, act, h):
+            log(f"gemm {config_label(act, h)} {case.name}")
+            row = {"config": config_label(act, h), "name": case.name, "m": case.m, "n": case.n,
+                   "k": case.k, "a_transposed": case.a_t, "b_transposed": case.b_t,
+                   "accumulate_fp32": case.accumulate}
+            row |= attempt(ctx, case.name, bench_gemm, ctx, case, accumulate_fn)
+            row["ratio"] = ratio(row.get("cublas"), row.get("ours"))  # ours / cuBLAS throughput
+            rows.append(row)
+            free_memory(ctx)
+
+
+def ratio(base: dict | None, other: dict | None) -> float | None:
+    """base time / other time: other's throughput relative to base (None if either is missing)."""
+    if not (isinstance(base, dict) and isinstance(other, dict)):
+        return None
+    if "ms" not in base or "ms" not in other:
+        return None
+    return base["ms"] / other["ms"]
+
+
+def free_memory(ctx: Ctx) -> None:
+    if ctx.cuda:
+        torch.cuda.empty_cache()
+
+
+# ---- fused GEMM + activation -----------------------------------------------------------------
+
+
+def eager_activation(name: str):
+    """The activation as a PyTorch user writes it: torch ops on bf16 tensors, gated halves taken
+    with chunk() (the layout plain modules use; any layout is the same math up to a permutation
+    of W1's rows)."""
+
+    def gated(f):
+        def apply(pre):
+            g, u = pre.chunk(2, dim=-1)
+            return f(g, u)
+        return apply
+
+    table = {
+        "gelu_tanh_approx": lambda x: F.gelu(x, approximate="tanh"),
+        "relu": F.relu,
+        "relu_sq": lambda x: F.relu(x).square(),
+        "swiglu": gated(lambda g, u: F.silu(g) * u),
+        "swiglu_oai": gated(lambda g, u: g * torch.sigmoid(1.702 * g) * (u + 1)),
+        "reglu": gated(lambda g, u: F.relu(g) * u),
+        "geglu": gated(lambda g, u: F.gelu(g, approximate="tanh") * u),
+        "glu": gated(lambda g, u: torch.sigmoid(g) * u),
+    }
+    return table[name]
+
+
+def eager_dact(dy, w2, preact, act_fn):
+    """What eager torch runs for gemm_dact's outputs: the dgrad GEMM, then the activation
+    recomputed and differentiated by autograd (separate elementwise kernels)."""
+    dpost = dy @ w2
+    with torch.enable_grad():
+        pre = preact.detach().requires_grad_(True)
+        post = act_fn(pre)
+    (dpre,) = torch.autograd.grad(post, pre, dpost)
+    return dpre, post.detach()
+
+
+def bench_fused(ctx: Ctx, act: str, h: int) -> list[dict]:
+    """gemm_act (with and without storing preact) and gemm_dact at the MLP's shapes."""
+    T, d, f = ctx.tokens, ctx.d_model, fc1_features(act, h)
+    x, w1 = ctx.rand(T, d), ctx.rand(f, d, scale=d ** -0.5)
+    dy, w2 = ctx.rand(T, d), ctx.rand(d, h, scale=d ** -0.5)
+    preact = x @ w1.t()
+    act_fn = eager_activation(act)
+    ref = TorchBackend  # the correctness reference: same interleaved layout as ours
+
+    ops = {
+        "gemm_act": dict(
+            flops=2.0 * T * f * d,
+            ours=lambda i: ctx.ours.gemm_act(x, w1.t(), act),
+            cublas=lambda i: torch.mm(x, w1.t()),
+            eager=lambda i: act_fn(x @ w1.t()),
+            check=lambda: rel_err(ctx.ours.gemm_act(x, w1.t(), act)[1],
+                                  ref.gemm_act(x, w1.t(), act)[1])),
+        "gemm_act no-preact": dict(
+            flops=2.0 * T * f * d,
+            ours=lambda i: ctx.ours.gemm_act(x, w1.t(), act, store_preact=False),
+            cublas=lambda i: torch.mm(x, w1.t()),
+            eager=lambda i: act_fn(x @ w1.t()),
+            check=lambda: rel_err(ctx.ours.gemm_act(x, w1.t(), act, store_preact=False)[1],
+                                  ref.gemm_act(x, w1.t(), act)[1])),
+        "gemm_dact": dict(
+            flops=2.0 * T * h * d,
+            ours=lambda i: ctx.ours.gemm_dact(dy, w2, preact, act),
+            cublas=lambda i: torch.mm(dy, w2),
+            eager=lambda i: eager_dact(dy, w2, preact, act_fn),
+            check=lambda: rel_err(ctx.ours.gemm_dact(dy, w2, preact, act)[0],
+                                  ref.gemm_dact(dy, w2, preact, act)[0])),
+    }
+    rows = []
+    for op, spec in ops.items():
+        log(f"fused {config_label(act, h)} {op}")
+        timed = lambda fn: with_tflops(time_calls(ctx, fn), spec["flops"])  # noqa: E731
+        row = {"config": config_label(act, h), "op": op}
+        row["cublas"] = attempt(ctx, f"cuBLAS {op}", timed, spec["cublas"])
+        row["eager"] = attempt(ctx, f"eager {op}", timed, spec["eager"])
+        row["ours"] = ours_or_reason(ctx) or attempt(ctx, f"ours {op}", timed, spec["ours"])
+        if ctx.ours is not None:
+            row["rel_err"] = attempt(ctx, f"check {op}", spec["check"])
+        # ours time / plain cuBLAS GEMM time: the price of the fused activation (target <= 1.05).
+        r = ratio(row["ours"], row["cublas"])
+        row["time_vs_cublas"] = r
+        row["speedup_vs_eager"] = ratio(row["eager"], row["ours"])
+        rows.append(row)
+    return rows
+
+
+def section_fused(ctx: Ctx, results: dict) -> None:
+    rows = results.setdefault("fused", [])
+    for act, h in ctx.configs:
+        out = attempt(ctx, f"fused {config_label(act, h)}", bench_fused, ctx, act, h)
+        if isinstance(out, dict):  # the setup itself failed (e.g. OOM): one row says so
+            out = [{"config": config_label(act, h), "op": "all", "ours": out}]
+        rows.extend(out)
+        free_memory(ctx)
+
+
+# ---- the whole MLP ---------------------------------------------------------------------------
+
+
+class EagerMLP(nn.Module):
+    """The PyTorch reference a user would write: x @ W1.T -> activation in torch ops -> @ W2.T,
+    differentiated by autograd. W1 in the chunked gate/up layout."""
+
+    def __init__(self, w1: torch.Tensor, w2: torch.Tensor, activation: str):
+        super().__init__()
+        self.w1 = nn.Parameter(w1)
+        self.w2 = nn.Parameter(w2)
+        self.act = eager_activation(activation)
+
+    def forward(self, x):
+        return self.act(x @ self.w1.t()) @ self.w2.t()
+
+
+def chunked_w1(w1: torch.Tensor, gated: bool) -> torch.Tensor:
+    """Our interleaved gated W1 -> the [gate rows; up rows] layout EagerMLP chunks, so that both
+    compute the same function and can check each other."""
+    return split_gate_up(w1).reshape(w1.shape).contiguous() if gated else w1.clone()
+
+
+def build_parallel_mlp(w1, w2, act: str, h: int, **kwargs) -> ParallelMLP:
+    """ParallelMLP at TP=1 holding the given weights. Built on the meta device and materialized
+    on the GPU, so no time goes to drawing the default init on the CPU."""
+    d = w1.shape[1]
+    model = ParallelMLP(d, h, activation=act, device="meta", dtype=w1.dtype, tp_group=None,
+                        **kwargs)
+    model = model.to_empty(device=w1.device)
+    with torch.no_grad():
+        model.fc1.weight.copy_(w1)
+        model.fc2.weight.copy_(w2)
+    return model
+
+
+def train_step(model: nn.Module, x: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    """One fwd+bwd as training runs it: fresh grads (zero_grad(set_to_none)), and dx, since an MLP
+    inside a network must return it. Returns the output."""
+    model.zero_grad(set_to_none=True)
+    x.grad = None
+    y = model(x)
+    y.backward(dy)
+    return y
+
+
+def bench_mlp_variant(ctx: Ctx, model: nn.Module, xs, dys, flops: float, reference):
+    """First call (compiles or loads kernels), a check of y and dx against the reference (the
+    first variant's outputs), then timed steps with peak memory. Returns (result, reference)."""
+    t0 = time.perf_counter()
+    y = train_step(model, xs[0], dys[0])
+    ctx.sync()
+    out = {"first_step_s": time.perf_counter() - t0}
+    if reference is None:
+        reference = (y.detach().clone(), xs[0].grad.clone())
+    else:
+        out["rel_err_y"] = rel_err(y, reference[0])
+        out["rel_err_dx"] = rel_err(xs[0].grad, reference[1])
+    del y
+
+    # Peak memory over the timed steps only: one-time buffers of the first call stay out.
+    model.zero_grad(set_to_none=True)
+    for x in xs:
+        x.grad = None
+    before = 0
+    if ctx.cuda:
+        ctx.sync()
+        torch.cuda.reset_peak_memory_stats(ctx.device)
+        before = torch.cuda.memory_allocated(ctx.device)
+    timing = time_calls(ctx, lambda i: train_step(model, xs[i], dys[i]), len(xs))
+    out |= with_tflops(timing, flops)
+    if ctx.cuda:
+        peak = torch.cuda.max_memory_allocated(ctx.device)
+        out["peak_mem_gb"] = peak / 2 ** 30
+        out["peak_over_start_gb"] = (peak - before) / 2 ** 30
+    model.zero_grad(set_to_none=True)
+    return out, reference
+
+
+def bench_mlp(ctx: Ctx, act: str, h: int) -> dict:
+    T, d = ctx.tokens, ctx.d_model
+    gated = get_activation(act).gated
+    f = fc1_features(act, h)
+    flops = mlp_flops(T, d, act, h)
+    # nn.Linear-like scale keeps activations O(1) through both layers.
+    w1, w2 = ctx.rand(f, d, scale=d ** -0.5), ctx.rand(d, h, scale=h ** -0.5)
+    n_sets = input_sets(ctx, nbytes(w1, w2) + 2 * T * d * ctx.dtype.itemsize)
+    xs = [ctx.rand(T, d).requires_grad_(True) for _ in range(n_sets)]
+    dys = [ctx.rand(T, d) for _ in range(n_sets)]
+
+    variants = {
+        "eager": lambda: EagerMLP(chunked_w1(w1, gated), w2.clone(), act),
+        "ours": lambda: build_parallel_mlp(w1, w2, act, h, backend=ctx.backend),
+        "ours_recompute": lambda: build_parallel_mlp(w1, w2, act, h, backend=ctx.backend,
+                                                     recompute=True),
+        "torch_backend": lambda: build_parallel_mlp(w1, w2, act, h, backend="torch"),
+        "compile": lambda: torch.compile(EagerMLP(chunked_w1(w1, gated), w2.clone(), act)),
+    }
+    if ctx.backend == "torch":
+        del variants["torch_backend"]  # that is "ours" already
+    if ctx.skip_compile:
+        del variants["compile"]
+
+    row = {"config": config_label(act, h), "activation": act, "hidden": h, "flops": flops,
+           "variants": {}}
+    reference = None
+    for name, build in variants.items():
+        log(f"mlp {config_label(act, h)} {name}")
+        if name.startswith("ours") and ctx.ours is None:
+            row["variants"][name] = {"unavailable": ctx.ours_reason}
+            continue
+        reserve = COMPILE_RESERVE_S if name == "compile" else 0.0
+
+        def run(build=build):
+            model = build()
+            result, ref = bench_mlp_variant(ctx, model, xs, dys, flops, reference)
+            del model
+            return result, ref
+
+        out = attempt(ctx, f"mlp {name}", lambda: run(), min_time_s=reserve)
+        if isinstance(out, tuple):
+            out, reference = out
+        row["variants"][name] = out
+        free_memory(ctx)
+
+    v = row["variants"]
+    for name, res in v.items():
+        if isinstance(res, dict) and "ms" in res:
+            res["speedup_vs_eager"] = ratio(v.get("eager"), res)
+    row["recompute_ratio"] = ratio(v.get("ours_recompute"), v.get("ours"))  # time / default time
+    return row
+
+
+def section_mlp(ctx: Ctx, results: dict) -> None:
+    rows = results.setdefault("mlp", [])
+    for act, h in ctx.configs:
+        out = attempt(ctx, f"mlp {config_label(act, h)}", bench_mlp, ctx, act, h)
+        if "variants" not in out:  # setup failed: keep the error in a row of its own
+            out = {"config": config_label(act, h), "activation": act, "hidden": h,
+                   "variants": {"setup": out}}
+        rows.append(out)
+        free_memory(ctx)
+
+
+# ---- cold start ------------------------------------------------------------------------------
+
+# Run in a fresh interpreter: import, build the MLP, one fwd+bwd; times are from the parent's
+# launch (PMLP_T0) so interpreter start and `import torch` count too, as a user sees them.
+COLD_START_CHILD = r"""
+import json, os, sys, time
+t0 = float(os.environ["PMLP_T0"])
+import torch
+import parallel_mlp
+t_import = time.time() - t0
+act, h, d, T, backend, device, dtype = sys.argv[1:8]
+h, d, T, dtype = int(h), int(d), int(T), getattr(torch, dtype)
+m = parallel_mlp.ParallelMLP(d, h, activation=act, backend=backend, device="meta", dtype=dtype)
+m = m.to_empty(device=device)
+with torch.no_grad():
+    for p in m.parameters():
+        p.normal_(0, d ** -0.5)
+x = torch.randn(T, d, device=device, dtype=dtype, requires_grad=True)
+dy = torch.randn(T, d, device=device, dtype=dtype)
+t_ready = time.time() - t0
+m(x).backward(dy)
+if device.startswith("cuda"):
+    torch.cuda.synchronize()
+t_first = time.time() - t0
+print("PMLP_COLD_START " + json.dumps(dict(import_s=t_import, ready_s=t_ready, first_fwd_bwd_s=t_first)))
+"""
+
+
+def cold_start_once(ctx: Ctx, backend: str, act: str, h: int, timeout: float) -> dict:
+    repo_root = str(Path(__file__).resolve().parent.parent)
+    env = dict(os.environ, PMLP_T0=repr(time.time()))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_root, env.get("PYTHONPATH")) if p)
+    dtype = str(ctx.dtype).removeprefix("torch.")
+    argv = [sys.executable, "-c", COLD_START_CHILD, act, str(h), str(ctx.d_model),
+            str(ctx.tokens), backend, str(ctx.device), dtype]
+    t0 = time.perf_counter()
+    proc = subprocess.run(argv, env=env, cwd=repo_root, capture_output=True, text=True,
+                          timeout=timeout)
+    wall = time.perf_counter() - t0
+    for line in proc.stdout.splitlines():
+        if line.startswith("PMLP_COLD_START "):
+            return json.loads(line.split(" ", 1)[1]) | {"process_wall_s": wall}
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+    raise RuntimeError(f"cold-start child exited {proc.returncode}: {' | '.join(tail)}")
+
+
+def bench_cold_start(ctx: Ctx, backend: str) -> dict:
+    """Twice: the first run may fill the on-disk kernel cache, the second is what a new training
+    process pays with the cache warm, and is the number reported."""
+    act, h = ctx.cold_start_config
+    runs = []
+    for _ in range(2):
+        timeout = max(10.0, min(180.0, ctx.time_left()))
+        runs.append(cold_start_once(ctx, backend, act, h, timeout))
+    return {"config": config_label(act, h), "backend": backend, "runs": runs,
+            "first_fwd_bwd_s": runs[-1]["first_fwd_bwd_s"]}
+
+
+def section_cold_start(ctx: Ctx, results: dict) -> None:
+    out = results.setdefault("cold_start", {})
+    backends = [ctx.backend] + (["torch"] if ctx.backend != "torch" else [])
+    for backend in backends:  # torch too: how much of the time is Python, torch and CUDA init
+        log(f"cold start ({backend})")
+        if backend != "torch" and ctx.ours is None:
+            out[backend] = {"unavailable": ctx.ours_reason}
+            continue
+        out[backend] = attempt(ctx, f"cold start {backend}", bench_cold_start, ctx, backend,
+                               min_time_s=10.0)
+
+
+# ---- driver ----------------------------------------------------------------------------------
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m parallel_mlp.bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tokens", type=int, default=None, help="T, rows of x (default 8192)")
+    p.add_argument("--d-model", type=int, default=None, help="d (default 4096)")
+    p.add_argument("--configs", default=None,
+                   help=f"activation:hidden list (default {DEFAULT_CONFIGS}); with --tp, hidden "
+                        "is the global size")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    p.add_argument("--backend", default="cute", choices=["cute", "torch"],
+                   help="what 'ours' runs on (default cute)")
+    p.add_argument("--iters", type=int, default=None, help="timed calls per row (default 30)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed calls first (default 5)")
+    p.add_argument("--only", choices=["gemms", "mlp", "all"], default="all")
+    p.add_argument("--skip-compile", action="store_true", help="no torch.compile baseline")
+    p.add_argument("--skip-cold-start", action="store_true", help="no cold-start subprocesses")
+    p.add_argument("--json", default="bench.json", help="where to write every number")
+    p.add_argument("--png", default=None, help="chart (needs matplotlib, the 'bench' extra)")
+    p.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
+                   help="rows that would start after this many seconds are skipped")
+    p.add_argument("--dry-run", action="store_true",
+                   help="tiny shapes and few iterations; automatic when CUDA is absent")
+    p.add_argument("--tp", action="store_true",
+                   help="TP benchmark under torchrun: ParallelMLP vs a Megatron-like eager MLP")
+    return p.parse_args(argv)
+
+
+def apply_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill unset flags: the issue's shapes, or tiny ones for a dry run (forced without CUDA)."""
+    if not torch.cuda.is_available() and not args.dry_run:
+        log("no CUDA device: running the CPU dry run (tiny shapes, torch backend)")
+        args.dry_run = True
+    base = DRY_RUN if args.dry_run else dict(tokens=8192, d_model=4096, configs=DEFAULT_CONFIGS,
+                                             iters=30, warmup=5, ceiling_size=8192)
+    for key, value in base.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    if not torch.cuda.is_available() and args.backend == "cute":
+        args.backend = "torch"  # the CuTe kernels need sm_90; the CPU run tests the script
+        args.backend_note = "cute needs CUDA: ours runs on the torch backend in this dry run"
+    return args
+
+
+def probe_ours(ctx: Ctx) -> None:
+    """Decide once whether ``ctx.backend`` can run here, so each row can say why not without
+    paying for the failure again."""
+    a, b = ctx.rand(128, 128), ctx.rand(128, 128).t()
+    try:
+        ctx.ours = resolve(ctx.backend, a, b)
+    except ValueError as e:
+        ctx.ours, ctx.ours_reason = None, str(e)
+        log(f"ours unavailable: {e}")
+
+
+def run_metadata(args: argparse.Namespace, ctx: Ctx) -> dict:
+    meta = {"torch": torch.__version__, "python": sys.version.split()[0],
+            "device": torch.cuda.get_device_name(ctx.device) if ctx.cuda else "cpu",
+            "cuda": torch.version.cuda, "dtype": args.dtype, "tokens": args.tokens,
+            "d_model": args.d_model, "configs": args.configs, "iters": args.iters,
+            "warmup": args.warmup, "backend": args.backend, "dry_run": args.dry_run,
+            "ours_unavailable": ctx.ours_reason, "l2_bytes": ctx.l2_bytes,
+            "argv": sys.argv[1:], "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    if getattr(args, "backend_note", None):
+        meta["backend_note"] = args.backend_note
+    try:
+        from importlib.metadata import version
+        meta["cutlass_dsl"] = version("nvidia-cutlass-dsl")
+    except Exception:  # noqa: BLE001 - not installed: fine, just not recorded
+        meta["cutlass_dsl"] = None
+    try:
+        repo = Path(__file__).resolve().parent.parent
+        meta["git"] = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
+                                     capture_output=True, text=True, timeout=5).stdout.strip()
+    except Exception:  # noqa: BLE001
+        meta["git"] = None
+    return meta
+
+
+def make_ctx(args: argparse.Namespace, device: torch.device, start: float) -> Ctx:
+    ctx = Ctx(device=device, dtype=getattr(torch, args.dtype), tokens=args.tokens,
+              d_model=args.d_model, configs=parse_configs(args.configs), iters=args.iters,
+              warmup=args.warmup, backend=args.backend, deadline=start + args.budget_s,
+              skip_compile=args.skip_compile)
+    # The cold start uses the issue's case (swiglu h=14336) or, on other shapes, the first config.
+    swiglu = [c for c in ctx.configs if c[0] == "swiglu"]
+    ctx.cold_start_config = swiglu[0] if swiglu else ctx.configs[0]
+    if ctx.cuda:
+        props = torch.cuda.get_device_properties(device)
+        ctx.l2_bytes = getattr(props, "L2_cache_size", 50 * 2 ** 20)
+    else:
+        ctx.l2_bytes = 32 * 2 ** 20  # a nominal cache, so the dry run exercises input rotation
+    return ctx
+
+
+def run_single(args: argparse.Namespace) -> dict:
+    start = time.monotonic()
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
+        else torch.device("cpu")
+    ctx = make_ctx(args, device, start)
+    torch.manual_seed(0)
+    probe_ours(ctx)
+    results = {"meta": run_metadata(args, ctx)}
+    save = lambda: bench_report.write_json(results, args.json)  # noqa: E731
+
+    log("ceiling: cuBLAS GEMM")
+    results["ceiling"] = {"start": attempt(ctx, "ceiling", bench_ceiling, ctx, args.ceiling_size)}
+    sections = []
+    if args.only in ("gemms", "all"):
+        sections += [section_gemms, section_fused]
+    if args.only in ("mlp", "all"):
+        sections += [section_mlp]
+        if not args.skip_cold_start:
+            sections += [section_cold_start]
+    for section in sections:
+        try:
+            section(ctx, results)
+        except Exception as e:  # noqa: BLE001 - a bug in one section must not lose the others
+            log(f"{section.__name__} failed: {e}")
+            traceback.print_exc(file=sys.stderr)
+            results.setdefault("errors", []).append(f"{section.__name__}: {type(e).__name__}: {e}")
+        save()  # partial results survive a crash or a kill in a later section
+    # The same GEMM again at the end: a drop means clocks or thermals moved during the run.
+    results["ceiling"]["end"] = attempt(ctx, "ceiling", bench_ceiling, ctx, args.ceiling_size)
+    results["meta"]["wall_s"] = time.monotonic() - start
+    results["targets"] = bench_report.evaluate_targets(results)
+    save()
+    return results
+
+
+def main(argv=None) -> int:
+    args = apply_defaults(parse_args(argv))
+    if args.tp:
+        from . import bench_tp
+        return bench_tp.main(args)
+    results = run_single(args)
+    if args.png:
+        log(bench_report.write_png(results, args.png))
+    log(f"wrote {args.json}")
+    print(bench_report.format_tables(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

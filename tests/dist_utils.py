@@ -1,0 +1,46 @@
+"""Run a test body in several processes that form a real gloo process group (no mocks)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank, world_size, port, fn, args, errors):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)  # several ranks share two cores
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        fn(rank, world_size, *args)
+    except BaseException:
+        errors.put((rank, traceback.format_exc()))
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def run_distributed(world_size: int, fn, *args) -> None:
+    """Call ``fn(rank, world_size, *args)`` on every rank of a fresh gloo group; re-raise the
+    first rank's failure with its traceback. ``fn`` must be a module-level function."""
+    ctx = mp.get_context("spawn")
+    errors = ctx.SimpleQueue()
+    try:
+        mp.start_processes(_entry, args=(world_size, free_port(), fn, args, errors),
+                           nprocs=world_size, join=True, start_method="spawn")
+    except Exception as e:
+        details = []
+        while not errors.empty():
+            rank, tb = errors.get()
+            details.append(f"--- rank {rank} ---\n{tb}")
+        raise AssertionError("distributed test failed:\n" + "\n".join(details)) from e

@@ -1,0 +1,83 @@
+"""The op interface on the torch backend, and backend selection."""
+
+import logging
+
+import pytest
+import torch
+
+import reference
+from parallel_mlp import backends
+from parallel_mlp.backends import TorchBackend, resolve
+
+M, K, N = 37, 29, 22  # nothing tile-aligned
+
+
+def test_gemm_plain_out_dtype_and_out():
+    a, b = torch.randn(M, K), torch.randn(N, K).t()  # b as a transposed weight view
+    torch.testing.assert_close(TorchBackend.gemm(a, b), a @ b)
+    assert TorchBackend.gemm(a.bfloat16(), b.bfloat16(), out_dtype=torch.float32).dtype == torch.float32
+    out = torch.empty(M, N)
+    assert TorchBackend.gemm(a, b, out=out) is out
+    torch.testing.assert_close(out, a @ b)
+
+
+def test_gemm_accumulates_bf16_products_in_fp32():
+    a = torch.randn(K, M, dtype=torch.bfloat16).t()
+    b = torch.randn(K, N, dtype=torch.bfloat16)
+    main_grad = torch.randn(M, N)
+    want = main_grad.double() + a.double() @ b.double()
+    got = TorchBackend.gemm(a, b, out=main_grad, accumulate=True)
+    assert got is main_grad
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_gemm_accumulate_needs_out():
+    with pytest.raises(ValueError, match="accumulate=True"):
+        TorchBackend.gemm(torch.randn(2, 2), torch.randn(2, 2), accumulate=True)
+
+
+@pytest.mark.parametrize("name", reference.NAMES)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_gemm_act_and_dact(name, with_bias):
+    F = 2 * N if reference.is_gated(name) else N
+    a = torch.randn(M, K, dtype=torch.float64)
+    b = torch.randn(F, K, dtype=torch.float64).t()
+    bias = torch.randn(F, dtype=torch.float64) if with_bias else None
+    preact, postact = TorchBackend.gemm_act(a, b, name, bias=bias)
+    want_pre = a @ b + (bias if with_bias else 0)
+    torch.testing.assert_close(preact, want_pre)
+    torch.testing.assert_close(postact, reference.act(name, want_pre))
+    none, post2 = TorchBackend.gemm_act(a, b, name, bias=bias, store_preact=False)
+    assert none is None and torch.equal(post2, postact)
+
+    # dact: dpostact = dy @ W2 with W2 [d_out, h]
+    h = postact.shape[1]
+    dy, w2 = torch.randn(M, 9, dtype=torch.float64), torch.randn(9, h, dtype=torch.float64)
+    pre = want_pre.clone().requires_grad_()
+    reference.act(name, pre).backward(dy @ w2)
+    dpreact, post = TorchBackend.gemm_dact(dy, w2, want_pre, name)
+    torch.testing.assert_close(dpreact, pre.grad)
+    torch.testing.assert_close(post, reference.act(name, want_pre))
+
+
+def test_cute_backend_on_cpu_raises_with_the_reason():
+    with pytest.raises(ValueError, match=r"backend='cute' cannot run here: a cpu tensor"):
+        resolve("cute", torch.randn(2, 2))
+
+
+def test_auto_falls_back_to_torch_and_says_why_once(caplog):
+    backends._warned.clear()
+    with caplog.at_level(logging.DEBUG, logger="parallel_mlp.backends"):
+        assert resolve("auto", torch.randn(2, 2)) is TorchBackend
+        assert resolve("auto", torch.randn(2, 2)) is TorchBackend
+    msgs = [r.getMessage() for r in caplog.records if "falls back" in r.getMessage()]
+    assert len(msgs) == 1 and "cpu tensor" in msgs[0]
+
+
+def test_torch_backend_is_always_torch():
+    assert resolve("torch", torch.randn(2, 2)) is TorchBackend
+
+
+def test_unknown_backend_name():
+    with pytest.raises(ValueError, match=r"backend='triton' is not known"):
+        backends.check_backend_name("triton")

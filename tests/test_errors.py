@@ -1,0 +1,109 @@
+"""Every error of DESIGN.md: raised with a message that names the parameter, value and rule."""
+
+import pytest
+import torch
+
+from dist_utils import run_distributed
+from parallel_mlp import ParallelMLP, parallel_mlp_func
+
+
+def test_unknown_activation():
+    with pytest.raises(ValueError, match=r"activation='gelu' is not known; choose one of \["):
+        ParallelMLP(8, activation="gelu")
+
+
+def test_unknown_backend():
+    with pytest.raises(ValueError, match=r"backend='cuda' is not known"):
+        ParallelMLP(8, backend="cuda")
+
+
+@pytest.mark.parametrize("kw, exc, msg", [
+    (dict(in_features=0), ValueError, r"in_features must be positive, got 0"),
+    (dict(in_features=8.0), TypeError, r"in_features must be an int, got float"),
+    (dict(in_features=8, hidden_features=-4), ValueError, r"hidden_features must be positive"),
+    (dict(in_features=8, out_features=0), ValueError, r"out_features must be positive"),
+    (dict(in_features=8, multiple_of=0), ValueError, r"multiple_of must be positive"),
+])
+def test_bad_sizes(kw, exc, msg):
+    with pytest.raises(exc, match=msg):
+        ParallelMLP(**kw)
+
+
+def _not_divisible(rank, world):
+    with pytest.raises(ValueError, match=r"hidden_features=10 is not divisible by the tensor-parallel size 4"):
+        ParallelMLP(8, 10)
+
+
+def test_hidden_not_divisible_by_tp_size():
+    run_distributed(4, _not_divisible)
+
+
+def _different_configs(rank, world):
+    with pytest.raises(ValueError, match=r"different configurations .* hidden_features: this rank"):
+        ParallelMLP(8, 16 if rank == 0 else 32, activation="swiglu")
+
+
+def test_ranks_built_differently_fail_fast_instead_of_hanging():
+    run_distributed(2, _different_configs)
+
+
+def shards(rows=16, d=8, h=8, out=8, dtype=torch.float32):
+    return torch.randn(3, d, dtype=dtype), torch.randn(rows, d, dtype=dtype), torch.randn(out, h, dtype=dtype)
+
+
+def test_gated_fc1_with_odd_size():
+    x, w1, w2 = shards(rows=15, h=7)
+    with pytest.raises(ValueError, match=r"activation='swiglu' is gated, .* must be even; got w1 with 15 rows"):
+        parallel_mlp_func(x, w1, w2, "swiglu")
+
+
+def test_last_dim_is_not_in_features():
+    x, w1, w2 = shards()
+    with pytest.raises(ValueError, match=r"x's last dim must be in_features=8 .* got x of shape \(3, 9\)"):
+        parallel_mlp_func(torch.randn(3, 9), w1, w2, "swiglu")
+    mlp = ParallelMLP(8, 16)
+    with pytest.raises(ValueError, match=r"x's last dim must be in_features=8"):
+        mlp(torch.randn(2, 4, 6))
+
+
+def test_fc2_does_not_match_fc1():
+    x, w1, _ = shards()
+    with pytest.raises(ValueError, match=r"w2 must be \[out_features, 8\]"):
+        parallel_mlp_func(x, w1, torch.randn(8, 16), "swiglu")
+
+
+def test_bias_shapes():
+    x, w1, w2 = shards()
+    with pytest.raises(ValueError, match=r"b1 must have shape \(16,\)"):
+        parallel_mlp_func(x, w1, w2, "swiglu", b1=torch.zeros(8))
+    with pytest.raises(ValueError, match=r"b2 must have shape \(8,\)"):
+        parallel_mlp_func(x, w1, w2, "swiglu", b2=torch.zeros(16))
+
+
+def test_mismatched_dtypes():
+    x, w1, w2 = shards()
+    with pytest.raises(TypeError, match=r"w1 has dtype torch.bfloat16 but x has torch.float32"):
+        parallel_mlp_func(x, w1.bfloat16(), w2, "swiglu")
+    mlp = ParallelMLP(8, 16, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match=r"but x has torch.float32; they must match"):
+        mlp(torch.randn(2, 8))
+
+
+def test_mismatched_devices():
+    x, w1, w2 = shards()
+    with pytest.raises(ValueError, match=r"w2 is on meta but x is on cpu"):
+        parallel_mlp_func(x, w1, w2.to("meta"), "swiglu")
+
+
+def test_not_a_tensor_and_not_floating():
+    x, w1, w2 = shards()
+    with pytest.raises(TypeError, match=r"w1 must be a torch.Tensor, got list"):
+        parallel_mlp_func(x, [[1.0]], w2, "swiglu")
+    with pytest.raises(TypeError, match=r"x must be a floating-point tensor"):
+        parallel_mlp_func(torch.ones(3, 8, dtype=torch.int64), w1, w2, "swiglu")
+
+
+def test_explicit_cute_backend_that_cannot_run():
+    mlp = ParallelMLP(8, 16, backend="cute")
+    with pytest.raises(ValueError, match=r"backend='cute' cannot run here: a cpu tensor was given"):
+        mlp(torch.randn(2, 8))

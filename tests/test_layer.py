@@ -1,0 +1,147 @@
+"""ParallelMLP as a module: sizes, partial gradients, leading dims, autocast, determinism, the
+DESIGN.md bf16 tolerance, and a GPU/NCCL run when GPUs are there."""
+
+import pytest
+import torch
+
+import reference
+from dist_utils import run_distributed
+from parallel_mlp import ParallelMLP, parallel_mlp_func
+
+
+def test_default_hidden_features_and_multiple_of():
+    assert ParallelMLP(30).hidden_features == 120
+    assert ParallelMLP(30, activation="swiglu").hidden_features == 80  # int(8/3 * 30)
+    assert ParallelMLP(30, activation="swiglu", multiple_of=64).hidden_features == 128
+    assert ParallelMLP(30, 100, multiple_of=32).hidden_features == 128
+    mlp = ParallelMLP(30, 40, 12, activation="glu")
+    assert mlp.fc1.weight.shape == (80, 30) and mlp.fc2.weight.shape == (12, 40)
+    assert set(mlp.state_dict()) == {"fc1.weight", "fc2.weight"}
+    assert set(ParallelMLP(4, bias1=True, bias2=True).state_dict()) == {
+        "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"}
+
+
+def test_meta_device_construction_skips_init():
+    mlp = ParallelMLP(64, activation="swiglu", device="meta")
+    assert mlp.fc1.weight.is_meta
+
+
+def _grads(mlp, x):
+    x = x.detach().clone().requires_grad_(x.requires_grad)
+    mlp(x).square().sum().backward()
+    return x.grad, mlp.fc1.weight.grad, mlp.fc2.weight.grad
+
+
+@pytest.mark.parametrize("frozen", ["fc1", "fc2", "both", "x"])
+def test_partial_gradients(frozen):
+    torch.manual_seed(0)
+    full = ParallelMLP(12, 20, activation="swiglu", backend="torch")
+    part = ParallelMLP(12, 20, activation="swiglu", backend="torch")
+    part.load_state_dict(full.state_dict())
+    x = torch.randn(5, 12, requires_grad=True)
+    dx, dw1, dw2 = _grads(full, x)
+    if frozen in ("fc1", "both"):
+        part.fc1.weight.requires_grad_(False)
+    if frozen in ("fc2", "both"):
+        part.fc2.weight.requires_grad_(False)
+    px, pw1, pw2 = _grads(part, x.detach().requires_grad_(frozen != "x"))
+    assert (px is None) == (frozen == "x")
+    assert (pw1 is None) == (frozen in ("fc1", "both"))
+    assert (pw2 is None) == (frozen in ("fc2", "both"))
+    for got, want in ((px, dx), (pw1, dw1), (pw2, dw2)):
+        if got is not None:
+            assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("shape", [(12,), (2, 3, 4, 12), (0, 12)])
+def test_any_leading_dims(shape):
+    mlp = ParallelMLP(12, 16, 5, activation="relu_sq")
+    x = torch.randn(shape, requires_grad=True)
+    y = mlp(x)
+    assert y.shape == shape[:-1] + (5,)
+    y.sum().backward()
+    assert x.grad.shape == x.shape
+    ref = reference.mlp(x.detach().reshape(-1, 12), mlp.fc1.weight, mlp.fc2.weight, "relu_sq")
+    torch.testing.assert_close(y.reshape(-1, 5), ref)
+
+
+def test_autocast_runs_in_bf16_and_returns_fp32_grads():
+    torch.manual_seed(0)
+    mlp = ParallelMLP(16, 32, activation="swiglu", bias1=True)
+    x = torch.randn(4, 16, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = mlp(x)
+    assert y.dtype == torch.bfloat16
+    y.float().sum().backward()
+    assert x.grad.dtype == torch.float32 and mlp.fc1.weight.grad.dtype == torch.float32
+    ref_y, ref_g = reference.mlp_with_grads(x, mlp.fc1.weight, mlp.fc2.weight, "swiglu",
+                                            mlp.fc1.bias, None, torch.ones(4, 16))
+    torch.testing.assert_close(y.double(), ref_y, rtol=3e-2, atol=3e-2)
+    torch.testing.assert_close(mlp.fc1.weight.grad.double(), ref_g["w1"], rtol=5e-2, atol=5e-2)
+
+
+def test_bitwise_deterministic_run_to_run():
+    torch.manual_seed(0)
+    mlp = ParallelMLP(24, 40, activation="geglu", dtype=torch.bfloat16)
+    x = torch.randn(33, 24, dtype=torch.bfloat16)
+    runs = []
+    for _ in range(2):
+        mlp.zero_grad()
+        xi = x.clone().requires_grad_()
+        y = mlp(xi)
+        y.float().square().sum().backward()
+        runs.append((y, xi.grad, mlp.fc1.weight.grad.clone(), mlp.fc2.weight.grad.clone()))
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+
+
+def _max_err(t, ref):
+    return (t.double() - ref).abs().max().item()
+
+
+def _bf16_tolerance_case(rank, world):
+    """DESIGN.md numerics: ours in bf16 at TP=world is within 2x PyTorch's own bf16 error
+    (plus a small slack) of the fp64 reference, for the output and every gradient."""
+    for activation in reference.NAMES:
+        g = torch.Generator().manual_seed(3)
+        d, h, tokens = 64, 96, 77
+        rows = (2 if reference.is_gated(activation) else 1) * h
+        w1 = torch.randn(rows, d, generator=g) / d**0.5
+        w2 = torch.randn(d, h, generator=g) / h**0.5
+        x, dy = torch.randn(tokens, d, generator=g), torch.randn(tokens, d, generator=g)
+        ref_y, ref = reference.mlp_with_grads(x, w1, w2, activation, dy=dy)
+        torch_y, torch_g = reference.mlp_with_grads(x.bfloat16(), w1.bfloat16(), w2.bfloat16(),
+                                                    activation, dy=dy.bfloat16(), dtype=torch.bfloat16)
+        r, c = rows // world, h // world
+        w1_r = w1[rank * r:(rank + 1) * r].bfloat16().requires_grad_()
+        w2_r = w2[:, rank * c:(rank + 1) * c].bfloat16().requires_grad_()
+        xb = x.bfloat16().requires_grad_()
+        y = parallel_mlp_func(xb, w1_r, w2_r, activation)
+        y.backward(dy.bfloat16())
+        pairs = [("y", y, torch_y, ref_y), ("dx", xb.grad, torch_g["x"], ref["x"]),
+                 ("dW1", w1_r.grad, torch_g["w1"][rank * r:(rank + 1) * r], ref["w1"][rank * r:(rank + 1) * r]),
+                 ("dW2", w2_r.grad, torch_g["w2"][:, rank * c:(rank + 1) * c], ref["w2"][:, rank * c:(rank + 1) * c])]
+        for name, ours, theirs, want in pairs:
+            bound = 2 * _max_err(theirs, want) + 1e-2 * want.abs().max().item() * 2**-8
+            assert _max_err(ours, want) <= bound, (activation, name, _max_err(ours, want), bound)
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_bf16_within_design_tolerance(world):
+    run_distributed(world, _bf16_tolerance_case)
+
+
+def test_autocast_with_fused_main_grad_accumulates_fp32():
+    torch.manual_seed(0)
+    mlp = ParallelMLP(16, 32, activation="reglu", fuse_grad_accum=True)
+    for p in (mlp.fc1.weight, mlp.fc2.weight):
+        p.main_grad = torch.zeros_like(p, dtype=torch.float32)
+    x = torch.randn(6, 16)
+    for _ in range(2):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            mlp(x).float().sum().backward()
+    # no grad_added_to_main_grad attribute: nothing is handed to autograd, .grad stays None
+    assert mlp.fc1.weight.grad is None and mlp.fc2.weight.grad is None
+    _, ref = reference.mlp_with_grads(x, mlp.fc1.weight, mlp.fc2.weight, "reglu", dy=torch.ones(6, 16))
+    torch.testing.assert_close(mlp.fc1.weight.main_grad.double(), 2 * ref["w1"], rtol=5e-2, atol=5e-2)
+    torch.testing.assert_close(mlp.fc2.weight.main_grad.double(), 2 * ref["w2"], rtol=5e-2, atol=5e-2)

@@ -1,0 +1,46 @@
+"""TP metadata on the parameters and the Muon gate/up hooks."""
+
+import torch
+
+from dist_utils import run_distributed
+from parallel_mlp import ParallelMLP, merge_gate_up, split_gate_up
+
+
+def test_megatron_metadata():
+    mlp = ParallelMLP(8, 16, activation="swiglu", bias1=True, bias2=True)
+    w1, b1, w2, b2 = mlp.fc1.weight, mlp.fc1.bias, mlp.fc2.weight, mlp.fc2.bias
+    assert (w1.tensor_model_parallel, w1.partition_dim, w1.partition_stride) == (True, 0, 1)
+    assert (b1.tensor_model_parallel, b1.partition_dim, b1.partition_stride) == (True, 0, 1)
+    assert (w2.tensor_model_parallel, w2.partition_dim, w2.partition_stride) == (True, 1, 1)
+    assert (b2.tensor_model_parallel, b2.partition_dim) == (False, -1)
+    assert not hasattr(w2, "_muon_reshape_functions")
+
+
+def test_non_gated_fc1_has_no_muon_hook():
+    assert not hasattr(ParallelMLP(8, 16, activation="relu").fc1.weight, "_muon_reshape_functions")
+
+
+def _split_merge_on_shard(rank, world):
+    torch.manual_seed(0)
+    mlp = ParallelMLP(6, 8, activation="geglu")
+    w = mlp.fc1.weight.detach()
+    split, merge = mlp.fc1.weight._muon_reshape_functions
+    parts = split(w)
+    h_local = 8 // world
+    assert parts.shape == (2, h_local, 6)
+    assert torch.equal(parts[0], w[0::2]) and torch.equal(parts[1], w[1::2])  # gate, up rows
+    assert torch.equal(merge(parts), w)
+    # the shard's gate rows are the global gate units [r*h/p, (r+1)*h/p)
+    full = mlp.full_state_dict()["fc1.weight"]
+    assert torch.equal(parts[0], split(full)[0][rank * h_local:(rank + 1) * h_local])
+
+
+def test_muon_split_merge_on_each_tp_shard():
+    run_distributed(2, _split_merge_on_shard)
+
+
+def test_split_merge_are_inverse():
+    w = torch.randn(10, 3)
+    assert torch.equal(merge_gate_up(split_gate_up(w)), w)
+    t = torch.randn(2, 5, 3)
+    assert torch.equal(split_gate_up(merge_gate_up(t)), t)
