@@ -1,0 +1,86 @@
+"""Time the cute ops against torch (cuBLAS) on the MLP's six GEMM shapes.
+
+    python -m parallel_mlp.kernels.bench_gemm [--T 8192 --d 4096 --h 14336 --act swiglu]
+
+Prints one line per GEMM: ms and TFLOP/s for torch and for ours, and the ratio. Inputs are
+random (never zeros), timings are medians of CUDA-event-timed repetitions after warm-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+
+def bench(fn, reps=30, warmup=5):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        ts.append(s.elapsed_time(e))
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser()
+    p.add_argument("--T", type=int, default=8192)
+    p.add_argument("--d", type=int, default=4096)
+    p.add_argument("--h", type=int, default=14336)
+    p.add_argument("--act", default="swiglu")
+    p.add_argument("--tuned", action="store_true")
+    p.add_argument("--only", default=None, help="comma-separated GEMM names to run")
+    args = p.parse_args(argv)
+
+    from parallel_mlp.activations import ACTIVATIONS
+
+    from . import ops
+
+    A = ACTIVATIONS[args.act]
+    T, d, h = args.T, args.d, args.h
+    F = 2 * h if A.gated else h
+    bf = torch.bfloat16
+    r = lambda *s: torch.randn(*s, device="cuda", dtype=bf) * 0.02  # noqa: E731
+    x, w1, w2 = r(T, d), r(F, d), r(d, h)
+    pre, post, dy = r(T, F), r(T, h), r(T, d)
+    dpre = r(T, F)
+    mg1 = torch.zeros(F, d, device="cuda")
+    mg2 = torch.zeros(d, h, device="cuda")
+    tk = dict(tuned=args.tuned)
+
+    rows = [
+        ("fc1 x@W1.T +act", T, F, d, lambda: A.forward(x @ w1.t()), lambda: ops.gemm_act(x, w1.t(), A.name, **tk)),
+        ("fc1 x@W1.T plain", T, F, d, lambda: x @ w1.t(), lambda: ops.gemm(x, w1.t(), **tk)),
+        ("fc2 post@W2.T", T, d, h, lambda: post @ w2.t(), lambda: ops.gemm(post, w2.t(), **tk)),
+        ("dpost dy@W2 +dact", T, h, d, lambda: A.backward(pre, dy @ w2), lambda: ops.gemm_dact(dy, w2, pre, A.name, **tk)),
+        ("dpost dy@W2 plain", T, h, d, lambda: dy @ w2, lambda: ops.gemm(dy, w2, **tk)),
+        ("dx dpre@W1", T, d, F, lambda: dpre @ w1, lambda: ops.gemm(dpre, w1, **tk)),
+        ("dW2 dy.T@post +=", d, h, T, lambda: mg2.add_(dy.t() @ post), lambda: ops.gemm(dy.t(), post, out=mg2, accumulate=True, **tk)),
+        ("dW1 dpre.T@x +=", F, d, T, lambda: mg1.add_(dpre.t() @ x), lambda: ops.gemm(dpre.t(), x, out=mg1, accumulate=True, **tk)),
+        ("dW2 dy.T@post bf16", d, h, T, lambda: dy.t() @ post, lambda: ops.gemm(dy.t(), post, **tk)),
+    ]
+    only = set(args.only.split(",")) if args.only else None
+    print(f"T={T} d={d} h={h} act={A.name} bf16; {torch.cuda.get_device_name()}")
+    print(f"{'gemm':24s} {'M':>6s} {'N':>6s} {'K':>6s} | {'torch ms':>8s} {'TF/s':>6s} | {'ours ms':>8s} {'TF/s':>6s} | ratio")
+    for name, M, N, K, ref, ours in rows:
+        if only and name.split()[0] not in only:
+            continue
+        flops = 2 * M * N * K
+        t_ref = bench(ref)
+        t_ours = bench(ours)
+        print(
+            f"{name:24s} {M:6d} {N:6d} {K:6d} | {t_ref:8.3f} {flops / t_ref / 1e9:6.0f} | "
+            f"{t_ours:8.3f} {flops / t_ours / 1e9:6.0f} | {t_ref / t_ours:5.3f}",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

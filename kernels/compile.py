@@ -1,0 +1,217 @@
+"""Building kernels: symbolic signatures, cute.compile, and the in-process and on-disk caches.
+
+A kernel is compiled against *fake* tensors whose sizes and leading strides are symbolic, so one
+compiled kernel serves every problem size of its (variant, dtypes, operand majorness, config).
+The same code path compiles for sm_90a on a machine without a GPU (the selfcheck) and on the
+GPU host at first use.
+
+Compiled kernels are kept in memory, and exported as object files (the DSL's ``export_to_c``)
+under ``$PARALLEL_MLP_CACHE_DIR/kernels/<fingerprint>/`` (default ``~/.cache/parallel_mlp``), so a
+new process loads them (``cutlass.runtime.load_module``) instead of tracing and compiling again.
+The fingerprint covers our kernel sources, the activations module and the DSL version, so a
+changed kernel never loads a stale object.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from .config import GemmConfig
+from .epilogue import EpilogueSpec
+
+_ARCH = "sm_90a"
+
+
+def cache_dir() -> Path:
+    d = os.environ.get("PARALLEL_MLP_CACHE_DIR")
+    return Path(d) if d else Path.home() / ".cache" / "parallel_mlp"
+
+
+@dataclass(frozen=True)
+class KernelKey:
+    """Everything a compiled kernel is specialized on."""
+
+    epilogue: EpilogueSpec
+    config: GemmConfig
+    ab_dtype: str  # "bfloat16" | "float16"
+    a_major: str  # "row" (K contiguous) | "col" (M contiguous)
+    b_major: str  # of the (N, K) view of b: "row" (K contiguous) | "col" (N contiguous)
+    d_dtype: str  # dtype of D / preact / dpreact (store: bf16, fp16 or fp32; accumulate: fp32)
+    bias_dtype: Optional[str] = None
+
+    @property
+    def name(self) -> str:
+        s = f"{self.epilogue.key}_{self.ab_dtype}_a{self.a_major}_b{self.b_major}_d{self.d_dtype}_{self.config.key}"
+        if self.bias_dtype:
+            s += f"_bias{self.bias_dtype}"
+        return s
+
+
+_fingerprint: Optional[str] = None
+
+
+def source_fingerprint() -> str:
+    global _fingerprint
+    if _fingerprint is None:
+        import importlib.metadata
+
+        import parallel_mlp.activations as acts
+
+        h = hashlib.sha256()
+        here = Path(__file__).parent
+        for p in sorted(here.glob("*.py")) + [Path(acts.__file__)]:
+            h.update(p.name.encode())
+            h.update(p.read_bytes())
+        try:
+            h.update(importlib.metadata.version("nvidia-cutlass-dsl").encode())
+        except importlib.metadata.PackageNotFoundError:
+            pass
+        _fingerprint = h.hexdigest()[:16]
+    return _fingerprint
+
+
+def _ensure_arch():
+    # The DSL reads its target from CUTE_DSL_ARCH (else it probes the GPU, which fails on a
+    # machine without one). Our kernels are sm_90a kernels whatever machine compiles them.
+    os.environ.setdefault("CUTE_DSL_ARCH", _ARCH)
+
+
+def fake_args(key: KernelKey):
+    """The symbolic signature (mA, mB, mD, mPost, mPreIn, mDpre, mBias, stream) of a kernel."""
+    _ensure_arch()
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+
+    from .gemm_sm90 import cute_dtype, fake_matrix
+
+    ab = cute_dtype(key.ab_dtype)
+    dd = cute_dtype(key.d_dtype)
+    spec = key.epilogue
+    a = fake_matrix(ab, key.a_major)
+    b = fake_matrix(ab, key.b_major)
+    d = post = prein = dpre = bias = None
+    if spec.kind in ("store", "accumulate"):
+        d = fake_matrix(dd, "row")
+    elif spec.kind == "act":
+        if spec.store_preact:
+            d = fake_matrix(dd, "row")
+        post = fake_matrix(dd, "row")
+        if spec.has_bias:
+            bt = cute_dtype(key.bias_dtype)
+            bias = make_fake_tensor(bt, (cute.sym_int32(),), (1,), assumed_align=bt.width // 8)
+    else:  # dact
+        post = fake_matrix(dd, "row")
+        prein = fake_matrix(dd, "row")
+        if spec.gated:
+            dpre = fake_matrix(dd, "row")
+        else:
+            d = fake_matrix(dd, "row")
+    return a, b, d, post, prein, dpre, bias, make_fake_stream()
+
+
+def compile_kernel(key: KernelKey, keep_ptx: bool = False):
+    """cute.compile one kernel for sm_90a. Returns the compiled function (and its PTX if asked)."""
+    _ensure_arch()
+    import cutlass.cute as cute
+
+    from .gemm_sm90 import PersistentGemmSm90
+
+    kernel = PersistentGemmSm90(key.config, key.epilogue)
+    args = fake_args(key)
+    if keep_ptx:
+        compiled = _compile_with_ptx(kernel, args)
+    else:
+        compiled = cute.compile(kernel, *args, options=f"--gpu-arch {_ARCH}")
+    return compiled
+
+
+def _compile_with_ptx(kernel, args):
+    """Compile with PTX kept, in a private dump directory (the DSL needs one to exist)."""
+    import tempfile
+
+    import cutlass.cute as cute
+
+    with tempfile.TemporaryDirectory(prefix="pmlp_ptx_") as d:
+        old = {k: os.environ.get(k) for k in ("CUTE_DSL_KEEP", "CUTE_DSL_DUMP_DIR")}
+        os.environ["CUTE_DSL_KEEP"] = "ptx"
+        os.environ["CUTE_DSL_DUMP_DIR"] = d
+        try:
+            _reset_dsl_env()
+            return cute.compile(kernel, *args, options=f"--gpu-arch {_ARCH}")
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+            _reset_dsl_env()
+
+
+def _reset_dsl_env():
+    """The DSL reads its environment once into a manager; re-read it after changing KEEP."""
+    try:
+        from cutlass.cutlass_dsl import CuTeDSL
+
+        dsl = CuTeDSL._get_dsl()
+        dsl.envar = type(dsl.envar)(dsl.envar.prefix)
+    except Exception:  # pragma: no cover - best effort across DSL versions
+        pass
+
+
+# ---- caches ------------------------------------------------------------------------------------
+
+_memory: dict = {}
+_lock = threading.Lock()
+
+
+def _export_name(key: KernelKey) -> str:
+    return "pmlp_" + hashlib.sha256(key.name.encode()).hexdigest()[:20]
+
+
+def get_kernel(key: KernelKey, use_disk: bool = True):
+    """The compiled kernel for `key`: from memory, else from the disk cache, else compiled now."""
+    fn = _memory.get(key)
+    if fn is not None:
+        return fn
+    with _lock:
+        fn = _memory.get(key)
+        if fn is not None:
+            return fn
+        name = _export_name(key)
+        d = cache_dir() / "kernels" / source_fingerprint()
+        obj = d / f"{name}.o"
+        if use_disk and obj.exists():
+            try:
+                import cutlass.runtime
+
+                fn = getattr(cutlass.runtime.load_module(str(obj)), name)
+            except Exception:
+                fn = None  # a corrupt or incompatible object is a miss; recompile below
+        if fn is None:
+            fn = compile_kernel(key)
+            if use_disk:
+                _export(fn, d, name)
+        _memory[key] = fn
+        return fn
+
+
+def _export(fn, d: Path, name: str):
+    """Write the object file atomically (temp dir + rename), so a killed process never leaves a
+    truncated object behind that every later process would fail to load."""
+    import tempfile
+
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=d, prefix=".tmp_") as tmp:
+            fn.export_to_c(tmp, name, name)
+            os.replace(Path(tmp) / f"{name}.o", d / f"{name}.o")
+    except Exception as e:  # the cache is an optimization: never fail the op over it
+        import warnings
+
+        warnings.warn(f"parallel_mlp: could not write kernel cache {d}: {e}", RuntimeWarning)

@@ -1,0 +1,274 @@
+"""The `cute` backend's ops (DESIGN.md's op interface) on CUDA tensors.
+
+    gemm(a, b, out=None, out_dtype=None, accumulate=False) -> out        out (+)= a @ b
+    gemm_act(a, b, activation, bias=None, store_preact=True) -> (preact | None, postact)
+    gemm_dact(a, b, preact, activation) -> (dpreact, postact)            dpostact = a @ b
+    unsupported_reason(*tensors, dtype=None, device=None) -> str | None
+
+a is [M, K] and b is [K, N], each row- or column-major (b is usually a transposed weight view);
+no operand is copied. Gated activations: b is [K, 2h] with interleaved (gate, up) columns,
+postact is [M, h]; in gemm_dact, b is [K, h], preact and dpreact are [M, 2h] interleaved.
+Every op also takes keyword-only `config=` (a GemmConfig) and `tuned=` (time candidates once per
+shape, remember the choice on disk).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import torch
+
+from parallel_mlp.activations import get_activation
+
+from .config import GemmConfig, default_config
+from .epilogue import EpilogueSpec
+
+_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+
+
+# ---- can the cute path run these inputs? --------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def _dsl_import_error() -> Optional[str]:
+    try:
+        import cutlass  # noqa: F401
+        import cutlass.cute  # noqa: F401
+
+        from . import gemm_sm90  # noqa: F401
+    except Exception as e:  # ImportError, or a DSL that fails to initialise
+        return f"the CuTe DSL (nvidia-cutlass-dsl) is not importable: {type(e).__name__}: {e}"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _device_reason(index: int) -> Optional[str]:
+    cap = torch.cuda.get_device_capability(index)
+    if cap != (9, 0):
+        return f"the CuTe kernels need an sm_90 GPU (H100/H200); cuda:{index} is sm_{cap[0]}{cap[1]}"
+    return None
+
+
+def _tensor_reason(t: torch.Tensor, name: str) -> Optional[str]:
+    if t.device.type != "cuda":
+        return f"{name} is on {t.device}, not CUDA"
+    if t.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return f"{name} has dtype {t.dtype}; the CuTe kernels take bfloat16/float16 (fp32 only for outputs)"
+    if t.dim() not in (1, 2):
+        return f"{name} has {t.dim()} dims; the CuTe ops take matrices (and 1-D biases)"
+    es = t.element_size()
+    if t.dim() == 2:
+        if t.stride(1) != 1 and t.stride(0) != 1:
+            return f"{name} has strides {tuple(t.stride())}: neither dim is contiguous"
+        ld = t.stride(0) if t.stride(1) == 1 and (t.size(1) > 1 or t.stride(0) != 1) else t.stride(1)
+        if (ld * es) % 16 != 0:
+            return f"{name} has strides {tuple(t.stride())}: the leading stride is not a multiple of 16 bytes"
+        if t.data_ptr() % 16 != 0:
+            return f"{name}'s data pointer is not 16-byte aligned"
+    return None
+
+
+def unsupported_reason(*tensors, dtype=None, device=None) -> Optional[str]:
+    """None if the CuTe path can run on these inputs, else a short reason.
+
+    Arguments may be tensors (checked for device, dtype, rank, strides and alignment) or shapes
+    (checked for a 16-byte-aligned contiguous last dim at `dtype`); `dtype` and `device` are
+    checked when given.
+    """
+    if dtype is not None and dtype not in (torch.bfloat16, torch.float16):
+        return f"dtype {dtype} is not bfloat16/float16"
+    devs = [torch.device(device)] if device is not None else []
+    halves = set()
+    for i, t in enumerate(tensors):
+        if t is None:
+            continue
+        if isinstance(t, torch.Tensor):
+            r = _tensor_reason(t, f"tensor {i} {tuple(t.shape)}")
+            if r:
+                return r
+            devs.append(t.device)
+            if t.dtype != torch.float32:
+                halves.add(t.dtype)
+        else:  # a shape
+            shape = tuple(t)
+            es = (dtype or torch.bfloat16).itemsize
+            if shape and (shape[-1] * es) % 16 != 0:
+                return f"shape {shape}: the last dim is not a multiple of 16 bytes"
+    if len(halves) > 1:
+        return f"mixed input dtypes {sorted(map(str, halves))}"
+    for d in devs:
+        if d.type != "cuda":
+            return f"device {d} is not CUDA"
+    if devs or dtype is not None:
+        if not torch.cuda.is_available():
+            return "CUDA is not available"
+        idx = devs[0].index if devs and devs[0].index is not None else torch.cuda.current_device()
+        r = _device_reason(idx)
+        if r:
+            return r
+    return _dsl_import_error()
+
+
+def _check(*tensors):
+    r = unsupported_reason(*tensors)
+    if r:
+        raise ValueError(f"backend='cute' cannot run this: {r}")
+
+
+# ---- launching ---------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _major(t: torch.Tensor) -> str:
+    """'row' if the last dim is contiguous, else 'col'."""
+    if t.stride(1) == 1 and (t.size(1) > 1 or t.stride(0) != 1 or t.size(0) == 1):
+        return "row"
+    return "col"
+
+
+def _to_cute(t: Optional[torch.Tensor]):
+    if t is None:
+        return None
+    from cutlass.cute.runtime import from_dlpack
+
+    if t.dim() == 1:
+        return from_dlpack(t.detach(), assumed_align=t.element_size()).mark_layout_dynamic(leading_dim=0)
+    lead = 1 if _major(t) == "row" else 0
+    return from_dlpack(t.detach(), assumed_align=16).mark_layout_dynamic(leading_dim=lead)
+
+
+def _stream():
+    import cuda.bindings.driver as cuda
+
+    return cuda.CUstream(torch.cuda.current_stream().cuda_stream)
+
+
+def _pick_config(spec, a, bk, d_dtype, config, tuned):
+    m, k = a.shape
+    n = bk.shape[0]
+    dev = a.device.index if a.device.index is not None else torch.cuda.current_device()
+    if config is not None:
+        return config
+    if tuned:
+        from .tuning import tuned_config
+
+        return tuned_config(spec, a, bk, d_dtype, _num_sms(dev))
+    return default_config(m, n, k, _num_sms(dev))
+
+
+def _launch(spec: EpilogueSpec, a, bk, d=None, post=None, prein=None, dpre=None, bias=None, *, d_dtype, config=None, tuned=False):
+    """Run the kernel D/epilogue(a @ bk.T) with bk the (N, K) view of b."""
+    from .compile import KernelKey, get_kernel
+
+    cfg = _pick_config(spec, a, bk, d_dtype, config, tuned)
+    key = KernelKey(
+        spec, cfg, _DTYPE_NAMES[a.dtype], _major(a), _major(bk), _DTYPE_NAMES[d_dtype],
+        _DTYPE_NAMES[bias.dtype] if bias is not None else None,
+    )
+    fn = get_kernel(key)
+    with torch.cuda.device(a.device):
+        fn(
+            _to_cute(a), _to_cute(bk), _to_cute(d), _to_cute(post), _to_cute(prein), _to_cute(dpre),
+            _to_cute(bias), _stream(),
+        )
+
+
+def _shapes(a, b):
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"a and b must be matrices; got {tuple(a.shape)} and {tuple(b.shape)}")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"a is {tuple(a.shape)} and b is {tuple(b.shape)}: inner dims differ")
+    if a.dtype != b.dtype or a.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"a and b must both be bfloat16 or both float16; got {a.dtype}, {b.dtype}")
+    return a.shape[0], a.shape[1], b.shape[1]
+
+
+# ---- the ops -----------------------------------------------------------------------------------
+
+
+def gemm(a, b, out=None, out_dtype=None, accumulate=False, *, config: Optional[GemmConfig] = None, tuned=False):
+    """out (+)= a @ b. `accumulate=True` adds into `out` (fp32: a TMA reduce-add, out is not read
+    back through registers)."""
+    m, k, n = _shapes(a, b)
+    _check(a, b, out)
+    if accumulate and out is None:
+        raise ValueError("accumulate=True needs out=")
+    if out is None:
+        out = torch.empty(m, n, dtype=out_dtype or a.dtype, device=a.device)
+    if tuple(out.shape) != (m, n):
+        raise ValueError(f"out is {tuple(out.shape)}, expected {(m, n)}")
+    if accumulate and out.dtype != torch.float32:
+        # No reduce-add for 16-bit D here: compute in fp32 and add, which rounds once.
+        out.add_(gemm(a, b, out_dtype=torch.float32, config=config, tuned=tuned))
+        return out
+    if m == 0 or n == 0:
+        return out
+    if k == 0:
+        if not accumulate:
+            out.zero_()
+        return out
+    spec = EpilogueSpec("accumulate" if accumulate else "store")
+    if _major(out) == "row":
+        _launch(spec, a, b.t(), d=out, d_dtype=out.dtype, config=config, tuned=tuned)
+    else:
+        # Column-major out: out.T = b.T @ a.T is a row-major problem with the operands swapped.
+        _launch(spec, b.t(), a, d=out.t(), d_dtype=out.dtype, config=config, tuned=tuned)
+    return out
+
+
+def gemm_act(a, b, activation, bias=None, store_preact=True, *, config: Optional[GemmConfig] = None, tuned=False):
+    """preact = a @ b (+ bias), postact = act(preact). Returns (preact or None, postact)."""
+    act = get_activation(activation)
+    m, k, n = _shapes(a, b)
+    _check(a, b, bias)
+    if act.gated and n % 2:
+        raise ValueError(f"gated activation {act.name}: b has an odd number of columns ({n})")
+    if bias is not None and tuple(bias.shape) != (n,):
+        raise ValueError(f"bias is {tuple(bias.shape)}, expected {(n,)}")
+    preact = torch.empty(m, n, dtype=a.dtype, device=a.device) if store_preact else None
+    postact = torch.empty(m, n // 2 if act.gated else n, dtype=a.dtype, device=a.device)
+    if m == 0 or n == 0:
+        return preact, postact
+    if k == 0:  # act of (bias or 0): not worth a kernel
+        z = torch.zeros(m, n, dtype=torch.float32, device=a.device) + (0 if bias is None else bias.float())
+        if preact is not None:
+            preact.copy_(z)
+        postact.copy_(act.forward(z))
+        return preact, postact
+    spec = EpilogueSpec("act", act.name, bias is not None, store_preact)
+    _launch(spec, a, b.t(), d=preact, post=postact, bias=bias, d_dtype=a.dtype, config=config, tuned=tuned)
+    return preact, postact
+
+
+def gemm_dact(a, b, preact, activation, *, config: Optional[GemmConfig] = None, tuned=False):
+    """dpostact = a @ b; returns (dpreact = act'(preact) * dpostact, postact = act(preact))."""
+    act = get_activation(activation)
+    m, k, n = _shapes(a, b)
+    width = 2 * n if act.gated else n
+    if tuple(preact.shape) != (m, width):
+        raise ValueError(f"preact is {tuple(preact.shape)}, expected {(m, width)} for {act.name}")
+    if preact.dtype != a.dtype:
+        raise ValueError(f"preact has dtype {preact.dtype}, a has {a.dtype}")
+    if preact.stride(1) != 1:
+        preact = preact.contiguous()  # the epilogue reads preact row-major
+    _check(a, b, preact)
+    dpreact = torch.empty(m, width, dtype=a.dtype, device=a.device)
+    postact = torch.empty(m, n, dtype=a.dtype, device=a.device)
+    if m == 0 or n == 0:
+        return dpreact, postact
+    if k == 0:
+        d, p = act.backward(preact, torch.zeros(m, n, dtype=a.dtype, device=a.device))
+        dpreact.copy_(d)
+        postact.copy_(p)
+        return dpreact, postact
+    spec = EpilogueSpec("dact", act.name)
+    if act.gated:
+        _launch(spec, a, b.t(), post=postact, prein=preact, dpre=dpreact, d_dtype=a.dtype, config=config, tuned=tuned)
+    else:
+        _launch(spec, a, b.t(), d=dpreact, post=postact, prein=preact, d_dtype=a.dtype, config=config, tuned=tuned)
+    return dpreact, postact

@@ -1,0 +1,165 @@
+"""The cute ops against an fp32 reference, on an sm_90 GPU (skipped elsewhere).
+
+Tolerance (DESIGN.md): max |ours - ref| <= 2 * max |torch_lowp - ref| + a small absolute slack,
+where ref is the op computed in fp32 from the same (bf16/fp16) inputs and torch_lowp is PyTorch's
+own path in the input dtype (cuBLAS + the reference activation).
+"""
+
+import pytest
+import torch
+
+from parallel_mlp.activations import ACTIVATIONS
+
+from .conftest import requires_sm90
+
+pytestmark = [pytest.mark.gpu, requires_sm90]
+
+DTYPES = [torch.bfloat16, torch.float16]
+# (M, K, N): tails in every dim (M=1000, K=4000, small N), and one aligned multi-wave shape.
+SHAPES = [(1000, 4000, 48), (1000, 4000, 1024), (2048, 512, 3072), (64, 128, 256)]
+
+
+def operand(rows, cols, major, dtype, scale=1.0):
+    if major == "row":
+        t = torch.randn(rows, cols, device="cuda", dtype=torch.float32)
+    else:
+        t = torch.randn(cols, rows, device="cuda", dtype=torch.float32).t()
+    return (t * scale).to(dtype)
+
+
+def check(ours, ref, lowp, what):
+    ours, ref, lowp = ours.float(), ref.float(), lowp.float()
+    assert torch.isfinite(ours).all(), f"{what}: non-finite values"
+    err = (ours - ref).abs().max().item()
+    base = (lowp - ref).abs().max().item()
+    slack = 1e-3 * ref.abs().max().item() + 1e-5
+    assert err <= 2 * base + slack, f"{what}: max err {err:.3e} > 2 * torch's {base:.3e} + {slack:.1e}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("a_major", ["row", "col"])
+@pytest.mark.parametrize("b_major", ["row", "col"])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_gemm(shape, b_major, a_major, dtype):
+    from parallel_mlp.kernels import ops
+
+    m, k, n = shape
+    a = operand(m, k, a_major, dtype, k ** -0.5)
+    b = operand(k, n, b_major, dtype)
+    ref = a.float() @ b.float()
+    out = ops.gemm(a, b)
+    assert out.shape == (m, n) and out.dtype == dtype
+    check(out, ref, a @ b, f"gemm {shape} a:{a_major} b:{b_major}")
+    out32 = ops.gemm(a, b, out_dtype=torch.float32)
+    assert out32.dtype == torch.float32
+    check(out32, ref, a @ b, "gemm fp32 out")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1000, 4000, 48), (1024, 1000, 2048)])
+def test_gemm_accumulate_fp32(shape, dtype):
+    """The main-grad path: out += a @ b into an fp32 buffer, twice (two micro-batches)."""
+    from parallel_mlp.kernels import ops
+
+    m, k, n = shape
+    # wgrad layout: a = dy.T (column-major view), b = postact (row-major)
+    a = operand(m, k, "col", dtype, k ** -0.5)
+    b = operand(k, n, "row", dtype)
+    base = torch.randn(m, n, device="cuda")
+    out = base.clone()
+    ops.gemm(a, b, out=out, accumulate=True)
+    ops.gemm(a, b, out=out, accumulate=True)
+    ref = base + 2 * (a.float() @ b.float())
+    lowp = base + 2 * (a @ b).float()
+    check(out, ref, lowp, "accumulate")
+
+
+def test_gemm_col_major_out():
+    from parallel_mlp.kernels import ops
+
+    a = operand(1000, 4000, "row", torch.bfloat16, 4000 ** -0.5)
+    b = operand(4000, 256, "col", torch.bfloat16)
+    out = torch.empty(256, 1000, device="cuda", dtype=torch.float32).t()
+    ops.gemm(a, b, out=out)
+    check(out, a.float() @ b.float(), a @ b, "column-major out")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("act", sorted(ACTIVATIONS))
+@pytest.mark.parametrize("bias", [False, True])
+def test_gemm_act(act, dtype, bias):
+    from parallel_mlp.kernels import ops
+
+    A = ACTIVATIONS[act]
+    m, k, n = 1000, 4000, 512
+    x = operand(m, k, "row", dtype, k ** -0.5)
+    w = operand(n, k, "row", dtype)  # weight [F, d]; b = w.T
+    b1 = (torch.randn(n, device="cuda") * 0.5).to(dtype) if bias else None
+    pre, post = ops.gemm_act(x, w.t(), act, bias=b1)
+    ref_pre = x.float() @ w.float().t() + (b1.float() if bias else 0)
+    ref_post = A.forward(ref_pre)
+    lowp_pre = x @ w.t() + (b1 if bias else 0)
+    lowp_post = A.forward(lowp_pre)
+    check(pre, ref_pre, lowp_pre, f"{act} preact")
+    check(post, ref_post, lowp_post, f"{act} postact")
+    assert post.shape == (m, n // 2 if A.gated else n)
+    none, post2 = ops.gemm_act(x, w.t(), act, bias=b1, store_preact=False)
+    assert none is None
+    assert torch.equal(post2, post), "postact must not depend on store_preact"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("act", sorted(ACTIVATIONS))
+def test_gemm_dact(act, dtype):
+    from parallel_mlp.kernels import ops
+
+    A = ACTIVATIONS[act]
+    m, k, h = 1000, 4000, 512
+    width = 2 * h if A.gated else h
+    dy = operand(m, k, "row", dtype, k ** -0.5)
+    w2 = operand(k, h, "row", dtype)  # W2 [d_out, h]: dpostact = dy @ W2
+    preact = torch.randn(m, width, device="cuda").to(dtype)
+    dpre, post = ops.gemm_dact(dy, w2, preact, act)
+    ref_dpost = dy.float() @ w2.float()
+    ref_dpre, ref_post = A.backward(preact.float(), ref_dpost)
+    lowp_dpre, lowp_post = A.backward(preact, dy @ w2)
+    assert dpre.shape == (m, width) and post.shape == (m, h)
+    check(dpre, ref_dpre, lowp_dpre, f"{act} dpreact")
+    check(post, ref_post, lowp_post, f"{act} postact")
+
+
+def test_deterministic():
+    from parallel_mlp.kernels import ops
+
+    a = operand(2048, 4096, "row", torch.bfloat16, 0.02)
+    b = operand(4096, 2048, "col", torch.bfloat16)
+    r1 = ops.gemm(a, b)
+    r2 = ops.gemm(a, b)
+    assert torch.equal(r1, r2)
+
+
+@pytest.mark.parametrize("act", ["swiglu", "gelu_tanh_approx"])
+def test_device_math_matches_reference(act):
+    """The activation math on device (DEVICE_MATH) vs TorchMath, isolated from GEMM rounding:
+    with b = identity, preact equals x exactly, so postact differs only by the math."""
+    from parallel_mlp.kernels import ops
+
+    A = ACTIVATIONS[act]
+    n = 256
+    x = (torch.randn(512, n, device="cuda") * 3).to(torch.bfloat16)
+    eye = torch.eye(n, device="cuda", dtype=torch.bfloat16)
+    pre, post = ops.gemm_act(x, eye, act)
+    assert torch.equal(pre, x)
+    ref = A.forward(x.float())
+    err = (post.float() - ref).abs().max().item()
+    # One bf16 rounding of the output is all that may separate them.
+    assert err <= 2 ** -7 * ref.abs().max().item() + 1e-6, err
+
+
+def test_unsupported_reason_on_gpu():
+    from parallel_mlp.kernels import ops
+
+    a = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
+    assert ops.unsupported_reason(a, a) is None
+    assert "dtype" in ops.unsupported_reason(a.float().double())
+    assert "16 bytes" in ops.unsupported_reason(torch.randn(64, 66, device="cuda", dtype=torch.bfloat16)[:, :63])
