@@ -17,10 +17,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank, world_size, port, fn, args, errors):
+def _entry(rank, world_size, port, backend, fn, args, errors):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)  # several ranks share two cores
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, rank=rank, world_size=world_size)
     try:
         fn(rank, world_size, *args)
     except BaseException:
@@ -30,13 +32,14 @@ def _entry(rank, world_size, port, fn, args, errors):
         dist.destroy_process_group()
 
 
-def run_distributed(world_size: int, fn, *args) -> None:
-    """Call ``fn(rank, world_size, *args)`` on every rank of a fresh gloo group; re-raise the
-    first rank's failure with its traceback. ``fn`` must be a module-level function."""
+def run_distributed(world_size: int, fn, *args, backend: str = "gloo") -> None:
+    """Call ``fn(rank, world_size, *args)`` on every rank of a fresh process group (gloo on the
+    CPU; nccl with one GPU per rank); re-raise a rank's failure with its traceback. ``fn`` must
+    be a module-level function."""
     ctx = mp.get_context("spawn")
     errors = ctx.SimpleQueue()
     try:
-        mp.start_processes(_entry, args=(world_size, free_port(), fn, args, errors),
+        mp.start_processes(_entry, args=(world_size, free_port(), backend, fn, args, errors),
                            nprocs=world_size, join=True, start_method="spawn")
     except Exception as e:
         details = []

@@ -1,0 +1,124 @@
+"""ParallelMLP on CUDA: the cute backend against the torch backend and the fp64 reference, and
+the TP layer on real NCCL groups. Skipped without a GPU (the `gpu` marker)."""
+
+import pytest
+import torch
+
+import reference
+from dist_utils import run_distributed
+from numerics import assert_design_tolerance
+from parallel_mlp import ParallelMLP
+from parallel_mlp.backends import CuteBackend
+
+pytestmark = pytest.mark.gpu
+
+# Tails everywhere: 1000 tokens, K of 1000 (fc1) and of h (fc2), small out_features.
+TOKENS, D, H, D_OUT = 1000, 1000, 1000, 136
+
+
+def cute_reason():
+    if not torch.cuda.is_available():
+        return "no CUDA"
+    t = torch.empty(8, 8, device="cuda", dtype=torch.bfloat16)
+    return CuteBackend.unsupported_reason(t)
+
+
+def needs_cute():
+    reason = cute_reason()
+    if reason is not None:
+        pytest.skip(f"cute backend unavailable: {reason}")
+
+
+def make(activation, backend, dtype, recompute=False, fuse=False, seed=0):
+    torch.manual_seed(seed)
+    return ParallelMLP(D, H, D_OUT, activation=activation, bias1=True, bias2=True,
+                       recompute=recompute, fuse_grad_accum=fuse, backend=backend,
+                       device="cuda", dtype=dtype)
+
+
+def fwd_bwd(mlp, x, dy):
+    x = x.detach().clone().requires_grad_()
+    y = mlp(x)
+    y.backward(dy)
+    return dict(y=y.detach(), x=x.grad, w1=mlp.fc1.weight.grad, w2=mlp.fc2.weight.grad,
+                b1=mlp.fc1.bias.grad)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("activation", reference.NAMES)
+def test_cute_matches_reference_within_design_tolerance(activation, dtype):
+    needs_cute()
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(TOKENS, D, device="cuda", generator=g).to(dtype)
+    dy = torch.randn(TOKENS, D_OUT, device="cuda", generator=g).to(dtype)
+    mlp = make(activation, "cute", dtype)
+    ours = fwd_bwd(mlp, x, dy)
+    weights = (mlp.fc1.weight, mlp.fc2.weight, activation, mlp.fc1.bias, mlp.fc2.bias)
+    ref_y, ref = reference.mlp_with_grads(x, *weights, dy=dy)
+    torch_y, theirs = reference.mlp_with_grads(x, *weights, dy=dy, dtype=dtype)
+    ref, theirs = dict(ref, y=ref_y), dict(theirs, y=torch_y)
+    for key in ("y", "x", "w1", "w2", "b1"):
+        assert_design_tolerance(f"{activation} {dtype} {key}", ours[key], theirs[key], ref[key])
+    # and the torch backend on the same GPU passes the same rule
+    ours_torch = fwd_bwd(make(activation, "torch", dtype), x, dy)
+    for key in ("y", "x", "w1", "w2"):
+        assert_design_tolerance(f"torch backend {key}", ours_torch[key], theirs[key], ref[key])
+
+
+@pytest.mark.parametrize("activation", ["swiglu", "gelu_tanh_approx"])
+def test_cute_recompute_is_bitwise_default_and_deterministic(activation):
+    needs_cute()
+    x = torch.randn(TOKENS, D, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(TOKENS, D_OUT, device="cuda", dtype=torch.bfloat16)
+    default = fwd_bwd(make(activation, "cute", torch.bfloat16), x, dy)
+    again = fwd_bwd(make(activation, "cute", torch.bfloat16), x, dy)
+    recomputed = fwd_bwd(make(activation, "cute", torch.bfloat16, recompute=True), x, dy)
+    for key in default:
+        assert torch.equal(default[key], again[key]), f"{key}: not deterministic"
+        assert torch.equal(default[key], recomputed[key]), f"{key}: recompute differs"
+
+
+def test_cute_main_grad_accumulation_matches_torch():
+    needs_cute()
+    mlps = {b: make("swiglu", b, torch.bfloat16, fuse=True) for b in ("cute", "torch")}
+    for mlp in mlps.values():
+        for p in (mlp.fc1.weight, mlp.fc2.weight):
+            p.main_grad = torch.zeros(p.shape, dtype=torch.float32, device="cuda")
+            p.grad_added_to_main_grad = False
+    for _ in range(3):
+        x = torch.randn(TOKENS, D, device="cuda", dtype=torch.bfloat16)
+        dy = torch.randn(TOKENS, D_OUT, device="cuda", dtype=torch.bfloat16)
+        for mlp in mlps.values():
+            mlp(x).backward(dy)
+    for name in ("fc1", "fc2"):
+        got = getattr(mlps["cute"], name).weight.main_grad
+        want = getattr(mlps["torch"], name).weight.main_grad
+        assert getattr(mlps["cute"], name).weight.grad_added_to_main_grad
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
+
+
+def tp_bf16_matches_reference(rank, world, device):
+    """Also run on CPU/gloo by test_layer.py, so this body is exercised without GPUs."""
+    d, h, tokens = 256, 512, 300
+    torch.manual_seed(0)
+    mlp = ParallelMLP(d, h, activation="swiglu", bias1=True, bias2=True, device=device,
+                      dtype=torch.bfloat16)
+    full = mlp.full_state_dict()
+    x = torch.randn(tokens, d, device=device, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(tokens, d, device=device, dtype=torch.bfloat16)
+    y = mlp(x)
+    y.backward(dy)
+    weights = (full["fc1.weight"], full["fc2.weight"], "swiglu", full["fc1.bias"], full["fc2.bias"])
+    ref_y, ref = reference.mlp_with_grads(x, *weights, dy=dy)
+    bf_y, bf = reference.mlp_with_grads(x, *weights, dy=dy, dtype=torch.bfloat16)
+    rows, cols = 2 * h // world, h // world
+    assert_design_tolerance("y", y, bf_y, ref_y)
+    assert_design_tolerance("dx", x.grad, bf["x"], ref["x"])
+    sl1, sl2 = slice(rank * rows, (rank + 1) * rows), slice(rank * cols, (rank + 1) * cols)
+    assert_design_tolerance("dW1", mlp.fc1.weight.grad, bf["w1"][sl1], ref["w1"][sl1])
+    assert_design_tolerance("dW2", mlp.fc2.weight.grad, bf["w2"][:, sl2], ref["w2"][:, sl2])
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs for NCCL")
+def test_tp2_on_nccl_matches_reference():
+    run_distributed(2, tp_bf16_matches_reference, "cuda", backend="nccl")
