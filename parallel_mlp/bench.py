@@ -29,8 +29,10 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,7 +42,7 @@ from torch import nn
 
 from . import bench_report
 from .activations import get_activation
-from .backends import CuteBackend, TorchBackend, resolve
+from .backends import TorchBackend, resolve
 from .layer import ParallelMLP
 from .params import split_gate_up
 
@@ -53,11 +55,16 @@ DRY_RUN = dict(tokens=256, d_model=128, configs="swiglu:384,swiglu:192,gelu_tanh
 DEFAULT_BUDGET_S = 270.0
 # torch.compile's first call can take tens of seconds: don't start one with less time than this.
 COMPILE_RESERVE_S = 60.0
+# After the budget, the longest a started row may take before the watchdog reports a hang.
+WATCHDOG_MARGIN_S = 150.0
+
+
+_START = time.monotonic()
 
 
 def log(msg: str) -> None:
     """Progress goes to stderr, so stdout ends with the table alone."""
-    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+    print(f"[bench {time.monotonic() - _START:6.1f}s] {msg}", file=sys.stderr, flush=True)
 
 
 # ---- run context ----------------------------------------------------------------------------
@@ -76,11 +83,12 @@ class Ctx:
     warmup: int
     backend: str
     deadline: float
-    skip_compile: bool = False
     cold_start_config: tuple[str, int] | None = None
     ours: object = None            # the resolved backend class, or None when it cannot run
     ours_reason: str | None = None  # why not
     l2_bytes: int = 0
+    current: str = ""               # the measurement in progress, for the watchdog's report
+    checkpoint: Callable[[], None] = lambda: None  # saves the results so far
     cuda: bool = field(init=False)
 
     def __post_init__(self):
@@ -176,6 +184,7 @@ def attempt(ctx: Ctx, what: str, fn, *args, min_time_s: float = 0.0) -> dict:
     the run, and a measurement that would start past the time budget is skipped."""
     if ctx.time_left() < min_time_s:
         return {"skipped": f"over the time budget ({ctx.time_left():.0f} s left)"}
+    ctx.current = what
     try:
         return fn(*args)
     except Exception as e:  # noqa: BLE001 - recorded in the results, never swallowed silently
@@ -203,9 +212,18 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 # ---- ceiling ---------------------------------------------------------------------------------
 
 
+def spin_up(ctx: Ctx, fn, seconds: float) -> None:
+    """Keep the device busy for a while, so clocks have ramped up before the first measurement."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        fn()
+        ctx.sync()
+
+
 def bench_ceiling(ctx: Ctx, n: int) -> dict:
     """cuBLAS n^3 in our dtype: the rate this run can hope for, measured, not from a datasheet."""
     a, b = ctx.rand(n, n), ctx.rand(n, n)
+    spin_up(ctx, lambda: torch.mm(a, b), 1.0 if ctx.cuda else 0.0)
     out = time_calls(ctx, lambda i: torch.mm(a, b))
     return with_tflops(out, 2.0 * n ** 3) | {"size": n}
 
@@ -278,27 +296,30 @@ def bench_gemm(ctx: Ctx, case: GemmCase, accumulate_fn) -> dict:
     sets = [(make_operand(ctx, case.m, case.k, case.a_t), make_operand(ctx, case.k, case.n, case.b_t))
             for _ in range(n_sets)]
     flops = 2.0 * case.m * case.n * case.k
-    row: dict = {}
+    main_grad = torch.randn(case.m, case.n, device=ctx.device, dtype=torch.float32)
 
-    if case.accumulate:
-        main = torch.randn(case.m, case.n, device=ctx.device, dtype=torch.float32)
-        cublas = lambda i: accumulate_fn(*sets[i], main)  # noqa: E731
-        ours = lambda i: ctx.ours.gemm(*sets[i], out=main, accumulate=True)  # noqa: E731
-    else:
-        cublas = lambda i: torch.mm(*sets[i])  # noqa: E731
-        ours = lambda i: ctx.ours.gemm(*sets[i])  # noqa: E731
+    def cublas(i):
+        if case.accumulate:
+            return accumulate_fn(*sets[i], main_grad)
+        return torch.mm(*sets[i])
 
-    row["cublas"] = attempt(ctx, f"cuBLAS {case.name}",
-                            lambda: with_tflops(time_calls(ctx, cublas, n_sets), flops))
-    row["ours"] = ours_or_reason(ctx) or attempt(
-        ctx, f"ours {case.name}", lambda: with_tflops(time_calls(ctx, ours, n_sets), flops))
+    def ours(i):
+        if case.accumulate:
+            return ctx.ours.gemm(*sets[i], out=main_grad, accumulate=True)
+        return ctx.ours.gemm(*sets[i])
+
+    def timed(fn):
+        return with_tflops(time_calls(ctx, fn, n_sets), flops)
+
+    row = {"cublas": attempt(ctx, f"cuBLAS {case.name}", timed, cublas)}
+    row["ours"] = ours_or_reason(ctx) or attempt(ctx, f"ours {case.name}", timed, ours)
     if ctx.ours is not None:
         row["rel_err"] = attempt(ctx, f"check {case.name}", check_gemm, ctx, case, sets[0],
                                  accumulate_fn)
     return row
 
 
-def check_gemm(ctx: Ctx, case: GemmCase, operands, accumulate_fn):
+def check_gemm(ctx: Ctx, case: GemmCase, operands, accumulate_fn) -> float:
     a, b = operands
     if not case.accumulate:
         return rel_err(ctx.ours.gemm(a, b), torch.mm(a, b))
@@ -322,6 +343,7 @@ def section_gemms(ctx: Ctx, results: dict) -> None:
             row |= attempt(ctx, case.name, bench_gemm, ctx, case, accumulate_fn)
             row["ratio"] = ratio(row.get("cublas"), row.get("ours"))  # ours / cuBLAS throughput
             rows.append(row)
+            ctx.checkpoint()
             free_memory(ctx)
 
 
@@ -377,51 +399,68 @@ def eager_dact(dy, w2, preact, act_fn):
     return dpre, post.detach()
 
 
-def bench_fused(ctx: Ctx, act: str, h: int) -> list[dict]:
-    """gemm_act (with and without storing preact) and gemm_dact at the MLP's shapes."""
+def fused_ops(ctx: Ctx, act: str, h: int) -> dict:
+    """For each fused op, as functions of an input set ``s``: its FLOPs, ours, the plain cuBLAS GEMM of the same
+    shape, eager torch, and the pairs of outputs (ours, reference) its check compares."""
     T, d, f = ctx.tokens, ctx.d_model, fc1_features(act, h)
-    x, w1 = ctx.rand(T, d), ctx.rand(f, d, scale=d ** -0.5)
-    dy, w2 = ctx.rand(T, d), ctx.rand(d, h, scale=d ** -0.5)
-    preact = x @ w1.t()
     act_fn = eager_activation(act)
-    ref = TorchBackend  # the correctness reference: same interleaved layout as ours
-
-    ops = {
+    ref = TorchBackend  # the correctness reference: the same interleaved layout as ours
+    return {
         "gemm_act": dict(
             flops=2.0 * T * f * d,
-            ours=lambda i: ctx.ours.gemm_act(x, w1.t(), act),
-            cublas=lambda i: torch.mm(x, w1.t()),
-            eager=lambda i: act_fn(x @ w1.t()),
-            check=lambda: rel_err(ctx.ours.gemm_act(x, w1.t(), act)[1],
-                                  ref.gemm_act(x, w1.t(), act)[1])),
+            ours=lambda s: ctx.ours.gemm_act(s["x"], s["w1"].t(), act),
+            cublas=lambda s: torch.mm(s["x"], s["w1"].t()),
+            eager=lambda s: act_fn(s["x"] @ s["w1"].t()),
+            reference=lambda s: ref.gemm_act(s["x"], s["w1"].t(), act)),
         "gemm_act no-preact": dict(
             flops=2.0 * T * f * d,
-            ours=lambda i: ctx.ours.gemm_act(x, w1.t(), act, store_preact=False),
-            cublas=lambda i: torch.mm(x, w1.t()),
-            eager=lambda i: act_fn(x @ w1.t()),
-            check=lambda: rel_err(ctx.ours.gemm_act(x, w1.t(), act, store_preact=False)[1],
-                                  ref.gemm_act(x, w1.t(), act)[1])),
+            ours=lambda s: ctx.ours.gemm_act(s["x"], s["w1"].t(), act, store_preact=False),
+            cublas=lambda s: torch.mm(s["x"], s["w1"].t()),
+            eager=lambda s: act_fn(s["x"] @ s["w1"].t()),
+            reference=lambda s: (None, ref.gemm_act(s["x"], s["w1"].t(), act)[1])),
         "gemm_dact": dict(
             flops=2.0 * T * h * d,
-            ours=lambda i: ctx.ours.gemm_dact(dy, w2, preact, act),
-            cublas=lambda i: torch.mm(dy, w2),
-            eager=lambda i: eager_dact(dy, w2, preact, act_fn),
-            check=lambda: rel_err(ctx.ours.gemm_dact(dy, w2, preact, act)[0],
-                                  ref.gemm_dact(dy, w2, preact, act)[0])),
+            ours=lambda s: ctx.ours.gemm_dact(s["dy"], s["w2"], s["preact"], act),
+            cublas=lambda s: torch.mm(s["dy"], s["w2"]),
+            eager=lambda s: eager_dact(s["dy"], s["w2"], s["preact"], act_fn),
+            reference=lambda s: ref.gemm_dact(s["dy"], s["w2"], s["preact"], act)),
     }
+
+
+def check_outputs(ours: tuple, reference: tuple) -> float:
+    """The worst relative error over an op's outputs (None entries: not produced)."""
+    return max(rel_err(o, r) for o, r in zip(ours, reference) if r is not None)
+
+
+def fused_input_set(ctx: Ctx, act: str, h: int) -> dict:
+    T, d, f = ctx.tokens, ctx.d_model, fc1_features(act, h)
+    s = dict(x=ctx.rand(T, d), w1=ctx.rand(f, d, scale=d ** -0.5),
+             dy=ctx.rand(T, d), w2=ctx.rand(d, h, scale=d ** -0.5))
+    s["preact"] = s["x"] @ s["w1"].t()
+    return s
+
+
+def bench_fused(ctx: Ctx, act: str, h: int) -> list[dict]:
+    """gemm_act (with and without storing preact) and gemm_dact at the MLP's shapes."""
+    first = fused_input_set(ctx, act, h)
+    n_sets = input_sets(ctx, nbytes(*first.values()))
+    sets = [first] + [fused_input_set(ctx, act, h) for _ in range(n_sets - 1)]
     rows = []
-    for op, spec in ops.items():
+    for op, spec in fused_ops(ctx, act, h).items():
         log(f"fused {config_label(act, h)} {op}")
-        timed = lambda fn: with_tflops(time_calls(ctx, fn), spec["flops"])  # noqa: E731
+
+        def timed(fn, flops=spec["flops"]):
+            return with_tflops(time_calls(ctx, lambda i: fn(sets[i]), n_sets), flops)
+
         row = {"config": config_label(act, h), "op": op}
         row["cublas"] = attempt(ctx, f"cuBLAS {op}", timed, spec["cublas"])
         row["eager"] = attempt(ctx, f"eager {op}", timed, spec["eager"])
         row["ours"] = ours_or_reason(ctx) or attempt(ctx, f"ours {op}", timed, spec["ours"])
         if ctx.ours is not None:
-            row["rel_err"] = attempt(ctx, f"check {op}", spec["check"])
+            row["rel_err"] = attempt(ctx, f"check {op}", lambda spec=spec: check_outputs(
+                spec["ours"](first), spec["reference"](first)))
         # ours time / plain cuBLAS GEMM time: the price of the fused activation (target <= 1.05).
-        r = ratio(row["ours"], row["cublas"])
-        row["time_vs_cublas"] = r
+        row["time_vs_cublas"] = ratio(row["ours"], row["cublas"])
         row["speedup_vs_eager"] = ratio(row["eager"], row["ours"])
         rows.append(row)
     return rows
@@ -434,6 +473,7 @@ def section_fused(ctx: Ctx, results: dict) -> None:
         if isinstance(out, dict):  # the setup itself failed (e.g. OOM): one row says so
             out = [{"config": config_label(act, h), "op": "all", "ours": out}]
         rows.extend(out)
+        ctx.checkpoint()
         free_memory(ctx)
 
 
@@ -461,11 +501,11 @@ def chunked_w1(w1: torch.Tensor, gated: bool) -> torch.Tensor:
 
 
 def build_parallel_mlp(w1, w2, act: str, h: int, **kwargs) -> ParallelMLP:
-    """ParallelMLP at TP=1 holding the given weights. Built on the meta device and materialized
-    on the GPU, so no time goes to drawing the default init on the CPU."""
+    """ParallelMLP holding the given weights (this rank's shards; TP = the default group's size,
+    1 without torch.distributed). Built on the meta device and materialized where the weights
+    are, so no time goes to drawing the default init on the CPU."""
     d = w1.shape[1]
-    model = ParallelMLP(d, h, activation=act, device="meta", dtype=w1.dtype, tp_group=None,
-                        **kwargs)
+    model = ParallelMLP(d, h, activation=act, device="meta", dtype=w1.dtype, **kwargs)
     model = model.to_empty(device=w1.device)
     with torch.no_grad():
         model.fc1.weight.copy_(w1)
@@ -516,9 +556,35 @@ def bench_mlp_variant(ctx: Ctx, model: nn.Module, xs, dys, flops: float, referen
     return out, reference
 
 
-def bench_mlp(ctx: Ctx, act: str, h: int) -> dict:
-    T, d = ctx.tokens, ctx.d_model
+# Measured in the MLP section; torch.compile comes last, in a section of its own.
+MLP_VARIANTS = ("eager", "ours", "ours_recompute", "torch_backend")
+
+
+def mlp_builders(ctx: Ctx, act: str, h: int, w1: torch.Tensor, w2: torch.Tensor) -> dict:
+    """Each variant's constructor, all holding the same weights so that they check each other."""
     gated = get_activation(act).gated
+
+    def compiled():
+        import torch._dynamo
+
+        torch._dynamo.reset()
+        # dynamic=False: each config is one fixed shape. Dynamo would otherwise mark dims dynamic
+        # when it sees the second config's shapes and compile shape-generic, slower kernels.
+        return torch.compile(EagerMLP(chunked_w1(w1, gated), w2.clone(), act), dynamic=False)
+
+    return {
+        "eager": lambda: EagerMLP(chunked_w1(w1, gated), w2.clone(), act),
+        "ours": lambda: build_parallel_mlp(w1, w2, act, h, backend=ctx.backend),
+        "ours_recompute": lambda: build_parallel_mlp(w1, w2, act, h, backend=ctx.backend,
+                                                     recompute=True),
+        "torch_backend": lambda: build_parallel_mlp(w1, w2, act, h, backend="torch"),
+        "compile": compiled,
+    }
+
+
+def bench_mlp(ctx: Ctx, act: str, h: int, names) -> dict:
+    """The named variants of one config, in order; the first one's outputs are the reference."""
+    T, d = ctx.tokens, ctx.d_model
     f = fc1_features(act, h)
     flops = mlp_flops(T, d, act, h)
     # nn.Linear-like scale keeps activations O(1) through both layers.
@@ -526,58 +592,74 @@ def bench_mlp(ctx: Ctx, act: str, h: int) -> dict:
     n_sets = input_sets(ctx, nbytes(w1, w2) + 2 * T * d * ctx.dtype.itemsize)
     xs = [ctx.rand(T, d).requires_grad_(True) for _ in range(n_sets)]
     dys = [ctx.rand(T, d) for _ in range(n_sets)]
-
-    variants = {
-        "eager": lambda: EagerMLP(chunked_w1(w1, gated), w2.clone(), act),
-        "ours": lambda: build_parallel_mlp(w1, w2, act, h, backend=ctx.backend),
-        "ours_recompute": lambda: build_parallel_mlp(w1, w2, act, h, backend=ctx.backend,
-                                                     recompute=True),
-        "torch_backend": lambda: build_parallel_mlp(w1, w2, act, h, backend="torch"),
-        "compile": lambda: torch.compile(EagerMLP(chunked_w1(w1, gated), w2.clone(), act)),
-    }
-    if ctx.backend == "torch":
-        del variants["torch_backend"]  # that is "ours" already
-    if ctx.skip_compile:
-        del variants["compile"]
+    builders = mlp_builders(ctx, act, h, w1, w2)
 
     row = {"config": config_label(act, h), "activation": act, "hidden": h, "flops": flops,
            "variants": {}}
     reference = None
-    for name, build in variants.items():
+    for name in names:
         log(f"mlp {config_label(act, h)} {name}")
         if name.startswith("ours") and ctx.ours is None:
             row["variants"][name] = {"unavailable": ctx.ours_reason}
             continue
         reserve = COMPILE_RESERVE_S if name == "compile" else 0.0
-
-        def run(build=build):
-            model = build()
-            result, ref = bench_mlp_variant(ctx, model, xs, dys, flops, reference)
-            del model
-            return result, ref
-
-        out = attempt(ctx, f"mlp {name}", lambda: run(), min_time_s=reserve)
+        out = attempt(ctx, f"mlp {name}", lambda build=builders[name], ref=reference:
+                      bench_mlp_variant(ctx, build(), xs, dys, flops, ref), min_time_s=reserve)
         if isinstance(out, tuple):
             out, reference = out
         row["variants"][name] = out
         free_memory(ctx)
+    return finish_mlp_row(row)
 
+
+def finish_mlp_row(row: dict) -> dict:
+    """The ratios: every variant vs eager, and recompute time / default time."""
     v = row["variants"]
-    for name, res in v.items():
+    for res in v.values():
         if isinstance(res, dict) and "ms" in res:
             res["speedup_vs_eager"] = ratio(v.get("eager"), res)
-    row["recompute_ratio"] = ratio(v.get("ours_recompute"), v.get("ours"))  # time / default time
+    row["recompute_ratio"] = ratio(v.get("ours_recompute"), v.get("ours"))
     return row
 
 
+def empty_mlp_row(act: str, h: int, **variants) -> dict:
+    return {"config": config_label(act, h), "activation": act, "hidden": h, "variants": variants}
+
+
 def section_mlp(ctx: Ctx, results: dict) -> None:
+    names = [n for n in MLP_VARIANTS if not (n == "torch_backend" and ctx.backend == "torch")]
     rows = results.setdefault("mlp", [])
     for act, h in ctx.configs:
-        out = attempt(ctx, f"mlp {config_label(act, h)}", bench_mlp, ctx, act, h)
-        if "variants" not in out:  # setup failed: keep the error in a row of its own
-            out = {"config": config_label(act, h), "activation": act, "hidden": h,
-                   "variants": {"setup": out}}
-        rows.append(out)
+        out = attempt(ctx, f"mlp {config_label(act, h)}", bench_mlp, ctx, act, h, names)
+        rows.append(out if "variants" in out else empty_mlp_row(act, h, setup=out))
+        ctx.checkpoint()
+        free_memory(ctx)
+
+
+def section_compile(ctx: Ctx, results: dict) -> None:
+    """torch.compile last: its first call takes tens of seconds, so everything else is measured
+    first and compile runs while the budget lasts. Eager runs again beside it as the correctness
+    reference; its second time also shows the run-to-run spread."""
+    rows = results.setdefault("mlp", [])
+    by_config = {r["config"]: r for r in rows}
+    for act, h in ctx.configs:
+        row = by_config.get(config_label(act, h))
+        if row is None:  # the MLP section failed before this config: compile still gets a row
+            row = empty_mlp_row(act, h)
+            rows.append(row)
+        if ctx.time_left() < COMPILE_RESERVE_S:
+            row["variants"]["compile"] = {
+                "skipped": f"over the time budget ({ctx.time_left():.0f} s left)"}
+            continue
+        out = attempt(ctx, f"compile {config_label(act, h)}", bench_mlp, ctx, act, h,
+                      ["eager", "compile"])
+        if "variants" in out:
+            row["variants"]["eager_again"] = out["variants"]["eager"]
+            row["variants"]["compile"] = out["variants"]["compile"]
+        else:
+            row["variants"]["compile"] = out
+        finish_mlp_row(row)
+        ctx.checkpoint()
         free_memory(ctx)
 
 
@@ -618,7 +700,7 @@ def cold_start_once(ctx: Ctx, backend: str, act: str, h: int, timeout: float) ->
             str(ctx.tokens), backend, str(ctx.device), dtype]
     t0 = time.perf_counter()
     proc = subprocess.run(argv, env=env, cwd=repo_root, capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, check=False)
     wall = time.perf_counter() - t0
     for line in proc.stdout.splitlines():
         if line.startswith("PMLP_COLD_START "):
@@ -649,6 +731,7 @@ def section_cold_start(ctx: Ctx, results: dict) -> None:
             continue
         out[backend] = attempt(ctx, f"cold start {backend}", bench_cold_start, ctx, backend,
                                min_time_s=10.0)
+        ctx.checkpoint()
 
 
 # ---- driver ----------------------------------------------------------------------------------
@@ -703,9 +786,9 @@ def probe_ours(ctx: Ctx) -> None:
     a, b = ctx.rand(128, 128), ctx.rand(128, 128).t()
     try:
         ctx.ours = resolve(ctx.backend, a, b)
-    except ValueError as e:
-        ctx.ours, ctx.ours_reason = None, str(e)
-        log(f"ours unavailable: {e}")
+    except Exception as e:  # noqa: BLE001 - ValueError by contract; anything else says the same
+        ctx.ours, ctx.ours_reason = None, f"{e}" if isinstance(e, ValueError) else repr(e)
+        log(f"ours unavailable: {ctx.ours_reason}")
 
 
 def run_metadata(args: argparse.Namespace, ctx: Ctx) -> dict:
@@ -724,9 +807,15 @@ def run_metadata(args: argparse.Namespace, ctx: Ctx) -> dict:
     except Exception:  # noqa: BLE001 - not installed: fine, just not recorded
         meta["cutlass_dsl"] = None
     try:
+        from .kernels.compile import cache_dir
+        meta["kernel_cache_dir"] = str(cache_dir())
+    except Exception:  # noqa: BLE001 - kernels not importable here
+        meta["kernel_cache_dir"] = None
+    try:
         repo = Path(__file__).resolve().parent.parent
         meta["git"] = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
-                                     capture_output=True, text=True, timeout=5).stdout.strip()
+                                     capture_output=True, text=True, timeout=5,
+                                     check=False).stdout.strip()
     except Exception:  # noqa: BLE001
         meta["git"] = None
     return meta
@@ -735,8 +824,7 @@ def run_metadata(args: argparse.Namespace, ctx: Ctx) -> dict:
 def make_ctx(args: argparse.Namespace, device: torch.device, start: float) -> Ctx:
     ctx = Ctx(device=device, dtype=getattr(torch, args.dtype), tokens=args.tokens,
               d_model=args.d_model, configs=parse_configs(args.configs), iters=args.iters,
-              warmup=args.warmup, backend=args.backend, deadline=start + args.budget_s,
-              skip_compile=args.skip_compile)
+              warmup=args.warmup, backend=args.backend, deadline=start + args.budget_s)
     # The cold start uses the issue's case (swiglu h=14336) or, on other shapes, the first config.
     swiglu = [c for c in ctx.configs if c[0] == "swiglu"]
     ctx.cold_start_config = swiglu[0] if swiglu else ctx.configs[0]
@@ -756,17 +844,27 @@ def run_single(args: argparse.Namespace) -> dict:
     torch.manual_seed(0)
     probe_ours(ctx)
     results = {"meta": run_metadata(args, ctx)}
-    save = lambda: bench_report.write_json(results, args.json)  # noqa: E731
+
+    def save():
+        bench_report.write_json(results, args.json)
+
+    ctx.checkpoint = save
+    watchdog = start_watchdog(ctx, results, args)
 
     log("ceiling: cuBLAS GEMM")
     results["ceiling"] = {"start": attempt(ctx, "ceiling", bench_ceiling, ctx, args.ceiling_size)}
+    # Most important first, in case the budget runs out: the whole MLP, the GEMMs, the cold start
+    # (after the kernel cache is warm), and torch.compile, the slow one, last.
     sections = []
+    if args.only in ("mlp", "all"):
+        sections += [section_mlp]
     if args.only in ("gemms", "all"):
         sections += [section_gemms, section_fused]
     if args.only in ("mlp", "all"):
-        sections += [section_mlp]
         if not args.skip_cold_start:
             sections += [section_cold_start]
+        if not args.skip_compile:
+            sections += [section_compile]
     for section in sections:
         try:
             section(ctx, results)
@@ -780,7 +878,31 @@ def run_single(args: argparse.Namespace) -> dict:
     results["meta"]["wall_s"] = time.monotonic() - start
     results["targets"] = bench_report.evaluate_targets(results)
     save()
+    watchdog.cancel()
     return results
+
+
+def start_watchdog(ctx: Ctx, results: dict, args: argparse.Namespace) -> threading.Timer:
+    """A hung kernel blocks the main thread in a synchronize forever. Past the budget plus a
+    margin, print and save what was measured, name the measurement that hangs, and exit, so the
+    one run on a GPU still reports instead of dying silently at the caller's time limit."""
+    limit = args.budget_s + WATCHDOG_MARGIN_S
+
+    def fire():
+        msg = f"watchdog: still running after {limit:.0f} s, stuck in: {ctx.current}"
+        log(msg)
+        try:
+            results.setdefault("errors", []).append(msg)
+            results["targets"] = bench_report.evaluate_targets(results)
+            bench_report.write_json(results, args.json)
+            print(bench_report.format_tables(results), flush=True)
+        finally:
+            os._exit(3)
+
+    timer = threading.Timer(limit, fire)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def main(argv=None) -> int:

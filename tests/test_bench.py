@@ -1,0 +1,107 @@
+"""The benchmark script on the CPU: the dry run end to end, and the rows when ours cannot run.
+
+The real numbers need an H200 (``python -m parallel_mlp.bench``); these tests keep the script
+itself working, so that the one GPU run it gets does not die on a typo.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def positive(x) -> bool:
+    return isinstance(x, (int, float)) and x > 0
+
+
+def assert_no_errors(obj, path="results"):
+    """Every measurement of the dry run must have produced a number, not an error or a skip."""
+    if isinstance(obj, dict):
+        assert "error" not in obj and "skipped" not in obj, f"{path}: {obj}"
+        for k, v in obj.items():
+            assert_no_errors(v, f"{path}.{k}")
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            assert_no_errors(v, f"{path}[{i}]")
+
+
+def test_dry_run_end_to_end(tmp_path):
+    out = tmp_path / "bench.json"
+    # No CUDA in the child, so the test takes the CPU path on every machine.
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run(
+        [sys.executable, "-m", "parallel_mlp.bench", "--dry-run", "--json", str(out),
+         "--skip-compile"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Targets (issue 3)" in proc.stdout  # the table comes last
+    data = json.loads(out.read_text())
+
+    assert {"meta", "ceiling", "gemms", "fused", "mlp", "cold_start", "targets"} <= data.keys()
+    assert data["meta"]["device"] == "cpu" and data["meta"]["torch"] == torch.__version__
+    assert data["meta"]["dry_run"] is True
+    assert_no_errors({k: v for k, v in data.items() if k != "meta"})
+
+    for when in ("start", "end"):
+        assert positive(data["ceiling"][when]["tflops"])
+
+    assert len(data["gemms"]) == 3 * 8  # three configs x (six GEMMs + two main-grad wgrads)
+    for row in data["gemms"]:
+        for impl in ("cublas", "ours"):
+            assert positive(row[impl]["ms"]) and positive(row[impl]["tflops"])
+        assert positive(row["ratio"])
+        assert row["rel_err"] < 1e-2
+
+    assert len(data["fused"]) == 3 * 3
+    for row in data["fused"]:
+        for impl in ("cublas", "eager", "ours"):
+            assert positive(row[impl]["ms"])
+        assert positive(row["time_vs_cublas"]) and positive(row["speedup_vs_eager"])
+
+    assert len(data["mlp"]) == 3
+    for row in data["mlp"]:
+        assert positive(row["flops"]) and positive(row["recompute_ratio"])
+        for name in ("eager", "ours", "ours_recompute"):
+            v = row["variants"][name]
+            assert positive(v["ms"]) and positive(v["tflops"]) and positive(v["speedup_vs_eager"])
+        # ours (the torch backend here) computes the eager module's function
+        assert row["variants"]["ours"]["rel_err_y"] < 2e-2
+        assert row["variants"]["ours"]["rel_err_dx"] < 2e-2
+
+    cold = data["cold_start"]["torch"]
+    assert positive(cold["first_fwd_bwd_s"]) and len(cold["runs"]) == 2
+
+    assert data["targets"]
+    assert {t["status"] for t in data["targets"]} <= {"PASS", "MISS", "n/a"}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where cute cannot run")
+def test_rows_say_why_when_ours_cannot_run(tmp_path, monkeypatch):
+    from parallel_mlp import bench, bench_report
+
+    def broken_ceiling(ctx, n):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(bench, "bench_ceiling", broken_ceiling)
+    args = bench.apply_defaults(bench.parse_args(
+        ["--dry-run", "--configs", "swiglu:128", "--skip-compile", "--skip-cold-start",
+         "--json", str(tmp_path / "b.json")]))
+    args.backend = "cute"  # cannot run on the CPU: every row of ours must say so
+    results = bench.run_single(args)
+
+    assert "cute" in results["meta"]["ours_unavailable"]
+    assert all("unavailable" in row["ours"] for row in results["gemms"])
+    assert all(positive(row["cublas"]["ms"]) for row in results["gemms"])  # baselines still run
+    assert "unavailable" in results["mlp"][0]["variants"]["ours"]
+    assert positive(results["mlp"][0]["variants"]["eager"]["ms"])
+    assert results["ceiling"]["start"]["error"] == "RuntimeError: boom"
+
+    table = bench_report.format_tables(results)
+    assert "cannot run here" in table and "n/a" in table and "RuntimeError: boom" in table
+    assert json.loads((tmp_path / "b.json").read_text())["meta"]["backend"] == "cute"
