@@ -132,36 +132,14 @@ def compile_kernel(key: KernelKey, keep_ptx: bool = False):
 
 
 def _compile_with_ptx(kernel, args):
-    """Compile with PTX kept, in a private dump directory (the DSL needs one to exist)."""
+    """Compile with the PTX kept (the DSL writes it into a dump directory that must exist; the
+    compiled function then carries the PTX text in ``.artifacts.PTX``)."""
     import tempfile
 
     import cutlass.cute as cute
 
     with tempfile.TemporaryDirectory(prefix="pmlp_ptx_") as d:
-        old = {k: os.environ.get(k) for k in ("CUTE_DSL_KEEP", "CUTE_DSL_DUMP_DIR")}
-        os.environ["CUTE_DSL_KEEP"] = "ptx"
-        os.environ["CUTE_DSL_DUMP_DIR"] = d
-        try:
-            _reset_dsl_env()
-            return cute.compile(kernel, *args, options=f"--gpu-arch {_ARCH}")
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-            _reset_dsl_env()
-
-
-def _reset_dsl_env():
-    """The DSL reads its environment once into a manager; re-read it after changing KEEP."""
-    try:
-        from cutlass.cutlass_dsl import CuTeDSL
-
-        dsl = CuTeDSL._get_dsl()
-        dsl.envar = type(dsl.envar)(dsl.envar.prefix)
-    except Exception:  # pragma: no cover - best effort across DSL versions
-        pass
+        return cute.compile(kernel, *args, options=f"--gpu-arch {_ARCH} --keep-ptx --dump-dir={d}")
 
 
 # ---- caches ------------------------------------------------------------------------------------

@@ -1,0 +1,127 @@
+"""Compile every kernel variant for sm_90a and check the generated PTX; no GPU needed.
+
+    python -m parallel_mlp.kernels.selfcheck --compile-only [--quick] [-j N]
+
+For each variant x dtype x operand layout it runs the DSL's full compile (trace, MLIR passes,
+NVVM, ptxas) for sm_90a with symbolic problem sizes, then checks that the PTX issues
+``wgmma.mma_async`` and bulk tensor copies (``cp.async.bulk.tensor`` loads; stores, or
+``cp.reduce.async.bulk.tensor`` reduce-adds for accumulation) and register reallocation
+(``setmaxnreg``). One line per variant, a summary line last; the exit status is non-zero if any
+variant fails. Compiles run in parallel processes (-j, default: number of CPUs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+from parallel_mlp.activations import ACTIVATIONS
+
+from .compile import KernelKey
+from .config import GemmConfig
+from .epilogue import EpilogueSpec
+
+LAYOUTS = [("row", "row"), ("row", "col"), ("col", "row"), ("col", "col")]
+
+
+def variants(quick: bool = False):
+    """The (name, KernelKey) pairs the selfcheck compiles.
+
+    Full: plain store for every dtype x layout x output dtype, the fp32 accumulate for every dtype x
+    layout, every activation's act (with and without bias / preact) and dact for both dtypes, at
+    the default tile; plus the other tiles and a 2x1 cluster for the plain store.
+    --quick keeps one dtype's layouts and every activation once (what CI runs).
+    """
+    cfg = GemmConfig()
+    out = []
+    dtypes = ["bfloat16"] if quick else ["bfloat16", "float16"]
+    for dt in dtypes:
+        for am, bm in LAYOUTS:
+            for od in ([dt, "float32"] if not quick else [dt]):
+                out.append(KernelKey(EpilogueSpec("store"), cfg, dt, am, bm, od))
+            out.append(KernelKey(EpilogueSpec("accumulate"), cfg, dt, am, bm, "float32"))
+    if quick:
+        dtypes = ["bfloat16"]
+    for dt in dtypes:
+        for name in sorted(ACTIVATIONS):
+            # fc1 is x @ W1.T (a row-major, b = W1.T: K-major (N,K) view); dact is dy @ W2
+            # (b = W2 row-major: N-major (N,K) view).
+            out.append(KernelKey(EpilogueSpec("act", name), cfg, dt, "row", "row", dt))
+            out.append(KernelKey(EpilogueSpec("dact", name), cfg, dt, "row", "col", dt))
+            if not quick:
+                out.append(KernelKey(EpilogueSpec("act", name, True, False), cfg, dt, "row", "row", dt, dt))
+    tiles = [GemmConfig(128, 128), GemmConfig(128, 256, 2, 1)]
+    if not quick:
+        tiles += [GemmConfig(64, 128), GemmConfig(128, 192), GemmConfig(128, 64), GemmConfig(128, 128, 2, 1)]
+    for c in tiles:
+        out.append(KernelKey(EpilogueSpec("store"), c, "bfloat16", "row", "row", "bfloat16"))
+    return out
+
+
+def check_one(key: KernelKey):
+    """Compile one kernel with PTX kept; returns (ok, message, seconds)."""
+    from .compile import compile_kernel
+
+    t = time.time()
+    try:
+        fn = compile_kernel(key, keep_ptx=True)
+        ptx = fn.artifacts.PTX
+        if isinstance(ptx, bytes):
+            ptx = ptx.decode()
+        if not ptx:
+            return False, "no PTX produced", time.time() - t
+        missing = []
+        if ".target sm_90a" not in ptx:
+            missing.append(".target sm_90a")
+        if "wgmma.mma_async" not in ptx:
+            missing.append("wgmma.mma_async")
+        if "cp.async.bulk.tensor" not in ptx:
+            missing.append("cp.async.bulk.tensor (TMA load)")
+        if key.epilogue.kind == "accumulate" and "cp.reduce.async.bulk.tensor" not in ptx:
+            missing.append("cp.reduce.async.bulk.tensor (TMA reduce-add)")
+        if "setmaxnreg" not in ptx:
+            missing.append("setmaxnreg")
+        if missing:
+            return False, "PTX lacks " + ", ".join(missing), time.time() - t
+        n_mma = ptx.count("wgmma.mma_async")
+        n_tma = ptx.count("cp.async.bulk.tensor") + ptx.count("cp.reduce.async.bulk.tensor")
+        return True, f"wgmma x{n_mma}, bulk tensor copies x{n_tma}", time.time() - t
+    except Exception as e:  # report, don't stop: every variant gets its line
+        msg = str(e).strip().splitlines()
+        return False, f"{type(e).__name__}: {' '.join(msg[:3])[:300]}", time.time() - t
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m parallel_mlp.kernels.selfcheck", description=__doc__.split("\n")[0])
+    p.add_argument("--compile-only", action="store_true", help="compile and check PTX only (the only mode; no GPU is used)")
+    p.add_argument("--quick", action="store_true", help="a representative subset (CI)")
+    p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
+    args = p.parse_args(argv)
+    if not args.compile_only:
+        print("note: only --compile-only is implemented; GPU correctness lives in tests/kernels/test_ops_gpu.py")
+
+    keys = variants(args.quick)
+    t0 = time.time()
+    failures = 0
+    jobs = max(1, min(args.jobs, len(keys)))
+    if jobs == 1:
+        results = map(check_one, keys)
+    else:
+        pool = ProcessPoolExecutor(max_workers=jobs)
+        results = pool.map(check_one, keys)
+    for key, (ok, msg, dt) in zip(keys, results):
+        failures += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {key.name:70s} {dt:5.1f}s  {msg}", flush=True)
+    print(
+        f"selfcheck: {len(keys) - failures}/{len(keys)} variants compiled for sm_90a with wgmma + TMA "
+        f"({failures} failed) in {time.time() - t0:.0f}s",
+        flush=True,
+    )
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
