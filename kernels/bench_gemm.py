@@ -37,6 +37,7 @@ def main(argv=None):
     p.add_argument("--act", default="swiglu")
     p.add_argument("--tuned", action="store_true")
     p.add_argument("--only", default=None, help="comma-separated GEMM names to run")
+    p.add_argument("--sweep", action="store_true", help="time every tuning candidate config for each GEMM")
     args = p.parse_args(argv)
 
     from parallel_mlp.activations import ACTIVATIONS
@@ -69,10 +70,23 @@ def main(argv=None):
     only = set(args.only.split(",")) if args.only else None
     print(f"T={T} d={d} h={h} act={A.name} bf16; {torch.cuda.get_device_name()}")
     print(f"{'gemm':24s} {'M':>6s} {'N':>6s} {'K':>6s} | {'torch ms':>8s} {'TF/s':>6s} | {'ours ms':>8s} {'TF/s':>6s} | ratio")
+    from .config import TUNE_CANDIDATES, default_config
+
     for name, M, N, K, ref, ours in rows:
         if only and name.split()[0] not in only:
             continue
         flops = 2 * M * N * K
+        if args.sweep:
+            import functools
+
+            print(f"{name}: default {default_config(M, N, K).key}; torch {flops / bench(ref) / 1e9:.0f} TF/s")
+            for cfg in TUNE_CANDIDATES:
+                fn = functools.partial(_with_config, ours, cfg)
+                try:
+                    print(f"   {cfg.key:28s} {flops / bench(fn) / 1e9:6.0f} TF/s", flush=True)
+                except Exception as e:
+                    print(f"   {cfg.key:28s} failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
+            continue
         t_ref = bench(ref)
         t_ours = bench(ours)
         print(
@@ -80,6 +94,18 @@ def main(argv=None):
             f"{t_ours:8.3f} {flops / t_ours / 1e9:6.0f} | {t_ref / t_ours:5.3f}",
             flush=True,
         )
+
+
+def _with_config(fn, cfg):
+    """Run a zero-argument op lambda with ops' config forced to `cfg`."""
+    from . import ops
+
+    old = ops._pick_config
+    ops._pick_config = lambda *a, **k: cfg
+    try:
+        return fn()
+    finally:
+        ops._pick_config = old
 
 
 if __name__ == "__main__":

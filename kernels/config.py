@@ -68,8 +68,8 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS) -> Ge
 TUNE_CANDIDATES = (
     GemmConfig(128, 256, 1, 1, 8),
     GemmConfig(128, 256, 2, 1, 8),
-    GemmConfig(128, 256, 1, 1, 16),
-    GemmConfig(128, 128, 1, 1, 8),
+    GemmConfig(128, 256, 1, 2, 8),
+    GemmConfig(128, 256, 2, 1, 16),
     GemmConfig(128, 128, 2, 1, 8),
     GemmConfig(128, 192, 1, 1, 8),
 )

@@ -5,8 +5,10 @@ loads) that fills the register fragments of its outputs. The kernel does the res
 for every variant: fragments of "TMA outputs" go registers -> shared memory (stmatrix) -> global
 memory (TMA store, or TMA reduce-add for accumulation); outputs of another width than the
 accumulator tile (the gated act's half-width postact, the gated dact's double-width interleaved
-dpreact) are written straight from registers at the accumulators' coordinates, because no
-stmatrix tiling of the accumulator tile expresses them.
+dpreact) are written element by element into their smem subtile at the accumulators' tile
+coordinates (no stmatrix tiling of the accumulator tile expresses them) and then leave by TMA
+like the others. The dact's preact arrives by TMA load into a two-buffer smem ring, the next
+subtile's load in flight while this one is computed.
 
 Variants (``EpilogueSpec.kind``):
 
@@ -75,7 +77,7 @@ class EpilogueSpec:
 
     @property
     def has_tma_d(self) -> bool:
-        """Slot D goes through smem + TMA: D, preact (act), or non-gated dpreact (dact)."""
+        """Channel D (acc-shaped): D, preact (act, if stored), or non-gated dpreact (dact)."""
         if self.kind == "act":
             return self.store_preact
         if self.kind == "dact":
@@ -84,37 +86,48 @@ class EpilogueSpec:
 
     @property
     def has_tma_post(self) -> bool:
-        """postact as wide as the accumulator tile goes through smem + TMA as a second output.
-
-        That is every postact except the gated act's, which is half as wide as its GEMM.
-        """
+        """Channel P (acc-shaped): postact of a non-gated act, and of every dact (the gated dact's
+        GEMM is h wide, like its postact)."""
         return self.kind == "dact" or (self.kind == "act" and not self.gated)
+
+    @property
+    def has_half_post(self) -> bool:
+        """Channel H: the gated act's postact, half as wide as its GEMM."""
+        return self.kind == "act" and self.gated
+
+    @property
+    def has_dpre_x2(self) -> bool:
+        """Channel X: the gated dact's interleaved dpreact, twice as wide as its GEMM."""
+        return self.kind == "dact" and self.gated
 
     @property
     def loads_preact(self) -> bool:
         return self.kind == "dact"
 
-    # ---- device side: one subtile, registers in, registers out --------------------------------
+    # ---- device side: one subtile, registers (and smem subtiles) in, registers/smem out ---------
     #
-    # rAcc: fp32 fragment of this subtile's accumulators (S values).
-    # tCc:  coordinates of the tile's accumulators; value v of this subtile is tCc[base + v].
-    # rD / rPost: fp32 fragments of the TMA outputs (same S values, same positions as rAcc).
-    # mPost (gated act) / mDpre (gated dact): outputs of another width, written directly.
+    # rAcc: fp32 fragment of this subtile's accumulators (S values), value v at tile coordinates
+    #       tCcT[base + v] (row, col) and problem coordinates tCcG[base + v]; the subtile's first
+    #       column in the tile is col0.
+    # rD / rP: fp32 fragments of the acc-shaped outputs (channels D and P), same positions as rAcc.
+    # sL: this subtile's preact (dact; acc-shaped, or double width when gated), in smem.
+    # sH / sX: this subtile's half-width postact / double-width dpreact buffers, in smem.
 
     @cute.jit
     def visit(
         self,
         rAcc: cute.Tensor,
         rD: cute.Tensor,
-        rPost: cute.Tensor,
-        tCc: cute.Tensor,
+        rP: cute.Tensor,
+        tCcT: cute.Tensor,
+        tCcG: cute.Tensor,
         base: cutlass.Constexpr,
-        m_lim: cutlass.Int32,
+        col0: cutlass.Constexpr,
         n_lim: cutlass.Int32,
         mBias: Optional[cute.Tensor],
-        mPreIn: Optional[cute.Tensor],
-        mPost: Optional[cute.Tensor],
-        mDpre: Optional[cute.Tensor],
+        sL: Optional[cute.Tensor],
+        sH: Optional[cute.Tensor],
+        sX: Optional[cute.Tensor],
     ):
         S = cute.size(rAcc)
         m = DEVICE_MATH
@@ -124,51 +137,40 @@ class EpilogueSpec:
         if cutlass.const_expr(self.kind == "act"):
             if cutlass.const_expr(self.has_bias):
                 for v in cutlass.range_constexpr(S):
-                    c = tCc[base + v]
+                    n = tCcG[base + v][1]
                     b = Float32(0.0)
-                    if c[1] < n_lim:
-                        b = Float32(mBias[c[1]])
+                    if n < n_lim:
+                        b = Float32(mBias[n])
                     rAcc[v] = rAcc[v] + b
             if cutlass.const_expr(self.has_tma_d):
                 for v in cutlass.range_constexpr(S):
                     rD[v] = rAcc[v]
             if cutlass.const_expr(not self.gated):
                 for v in cutlass.range_constexpr(S):
-                    rPost[v] = self.act.fn(rAcc[v], m)
+                    rP[v] = self.act.fn(rAcc[v], m)
             else:
+                # Registers 2j, 2j+1 hold the (gate, up) columns of one unit.
                 for j in cutlass.range_constexpr(S // 2):
+                    r, c = tCcT[base + 2 * j]
                     y = self.act.fn(rAcc[2 * j], rAcc[2 * j + 1], m)
-                    self._store_half(mPost, tCc[base + 2 * j], y, m_lim, n_lim)
+                    sH[r, (c - col0) // 2] = y.to(sH.element_type)
         if cutlass.const_expr(self.kind == "dact"):
             if cutlass.const_expr(not self.gated):
-                # preact at the accumulators' own coordinates, read from global memory.
                 for v in cutlass.range_constexpr(S):
-                    c = tCc[base + v]
-                    x = Float32(0.0)
-                    if c[0] < m_lim and c[1] < n_lim:
-                        x = Float32(mPreIn[c[0], c[1]])
+                    r, c = tCcT[base + v]
+                    x = Float32(sL[r, c - col0])
                     rD[v] = self.act.grad(x, m) * rAcc[v]
-                    rPost[v] = self.act.fn(x, m)
+                    rP[v] = self.act.fn(x, m)
             else:
-                # Gated: the GEMM is h wide (dpostact), preact and dpreact 2h wide. Accumulator
-                # column n pairs with preact columns (2n, 2n+1); postact column n is the
-                # accumulator's own position, so it leaves through TMA like any full-width output.
+                # The GEMM is h wide (dpostact); accumulator column n owns preact/dpreact columns
+                # (2n, 2n+1), and postact column n is the accumulator's own position.
                 for v in cutlass.range_constexpr(S):
-                    c = tCc[base + v]
-                    g = Float32(0.0)
-                    u = Float32(0.0)
-                    if c[0] < m_lim and c[1] < n_lim:
-                        g = Float32(mPreIn[c[0], 2 * c[1]])
-                        u = Float32(mPreIn[c[0], 2 * c[1] + 1])
+                    r, c = tCcT[base + v]
+                    cc = 2 * (c - col0)
+                    g = Float32(sL[r, cc])
+                    u = Float32(sL[r, cc + 1])
                     dy = rAcc[v]
                     dg, du = self.act.grad(g, u, m)
-                    rPost[v] = self.act.fn(g, u, m)
-                    if c[0] < m_lim and c[1] < n_lim:
-                        mDpre[c[0], 2 * c[1]] = (dg * dy).to(mDpre.element_type)
-                        mDpre[c[0], 2 * c[1] + 1] = (du * dy).to(mDpre.element_type)
-
-    @cute.jit
-    def _store_half(self, mPost: cute.Tensor, c, y, m_lim: cutlass.Int32, n_lim: cutlass.Int32):
-        """postact[m, n // 2] = y for the pair whose gate column is n (bounds-checked)."""
-        if c[0] < m_lim and c[1] < n_lim:
-            mPost[c[0], c[1] // 2] = y.to(mPost.element_type)
+                    rP[v] = self.act.fn(g, u, m)
+                    sX[r, cc] = (dg * dy).to(sX.element_type)
+                    sX[r, cc + 1] = (du * dy).to(sX.element_type)

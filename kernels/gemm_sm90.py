@@ -61,31 +61,67 @@ class PersistentGemmSm90:
         self.max_active_clusters = config.num_sms // (config.cluster_m * config.cluster_n)
 
     # ---- host-side setup (runs while tracing __call__) -----------------------------------------
+    #
+    # Epilogue "channels": every output leaves the SM as a (tile_m x w) subtile staged in shared
+    # memory and written by one TMA store; preact (dact) arrives the same way by TMA load.
+    #   D  acc-shaped (w = 32):  D / preact / non-gated dpreact      registers -> smem by stmatrix
+    #   P  acc-shaped (w = 32):  postact (non-gated act, any dact)   stmatrix
+    #   H  half width (w = 16):  gated act's postact                 per-element smem stores
+    #   X  double width (w = 64): gated dact's interleaved dpreact   per-element smem stores
+    #   L  preact input, acc-shaped (w = 32) or double width (gated dact), TMA load, 2 buffers
 
-    def _smem_layouts(self, a_dtype, a_layout, b_dtype, b_layout, d_dtype, post_dtype, acc_like):
-        epi_bytes = 0
+    def _channel_widths(self):
+        e = self.epi
+        w = self.epi_tile[1]
+        return {
+            "D": w if e.has_tma_d else 0,
+            "P": w if e.has_tma_post else 0,
+            "H": w // 2 if e.has_half_post else 0,
+            "X": 2 * w if e.has_dpre_x2 else 0,
+            "L": (2 * w if e.gated else w) if e.loads_preact else 0,
+        }
+
+    def _smem_layouts(self, a_dtype, a_layout, b_dtype, b_layout, d_dtype, post_dtype):
         tm, tn, tk = self.tile_shape_mnk
-        epi_elems = self.epi_tile[0] * self.epi_tile[1]
-        if self.epi.has_tma_d:
-            epi_bytes += epi_elems * d_dtype.width // 8 * EPI_STAGES
-        if self.epi.has_tma_post:
-            epi_bytes += epi_elems * post_dtype.width // 8 * EPI_STAGES
+        widths = self._channel_widths()
+        dtypes = {"D": d_dtype, "P": post_dtype, "H": post_dtype, "X": d_dtype, "L": d_dtype}
+        epi_bytes = sum(tm * w * dtypes[c].width // 8 * EPI_STAGES for c, w in widths.items())
         stage_bytes = (tm * tk) * a_dtype.width // 8 + (tn * tk) * b_dtype.width // 8
-        ab_stages = (SMEM_CAPACITY - epi_bytes - 2048) // stage_bytes
-        ab_stages = min(ab_stages, 8)
+        ab_stages = min((SMEM_CAPACITY - epi_bytes - 2048) // stage_bytes, 8)
         if ab_stages < 2:
             raise ValueError(f"tile {tm}x{tn}: not enough shared memory for two stages")
         self.ab_stages = ab_stages
         self.sA_layout = sm90_utils.make_smem_layout_a(a_layout, self.tile_shape_mnk, a_dtype, ab_stages)
         self.sB_layout = sm90_utils.make_smem_layout_b(b_layout, self.tile_shape_mnk, b_dtype, ab_stages)
         row = LayoutEnum.ROW_MAJOR
-        self.sD_layout = sm90_utils.make_smem_layout_epi(d_dtype, row, self.epi_tile, EPI_STAGES)
-        self.sP_layout = sm90_utils.make_smem_layout_epi(post_dtype, row, self.epi_tile, EPI_STAGES)
+        # Absent channels get a minimal placeholder layout (never allocated beyond one element).
+        self.ch_layout = {
+            c: sm90_utils.make_smem_layout_epi(dtypes[c], row, (tm, w if w else 32), EPI_STAGES)
+            for c, w in widths.items()
+        }
+        self.ch_width = widths
+        self.ch_dtype = dtypes
 
     @staticmethod
     def _with_batch(t: cute.Tensor) -> cute.Tensor:
         """(X, Y) -> (X, Y, 1): the scheduler and tilers speak (m, n, l)."""
         return cute.make_tensor(t.iterator, cute.append(t.layout, cute.make_layout(1, stride=0)))
+
+    def _tma(self, op, t, c):
+        if cutlass.const_expr(t is None or self.ch_width[c] == 0):
+            return None, None
+        layout = self.ch_layout[c]
+        return cpasync.make_tiled_tma_atom(
+            op, self._with_batch(t), cute.slice_(layout, (None, None, 0)), (self.tile_shape_mnk[0], self.ch_width[c])
+        )
+
+    def _tma_view(self, atom, mT, s, c):
+        """(TMA, subtiles_m, subtiles_n, 1) view of channel c's global tensor and its smem ring;
+        subtile (i, j) of every channel covers the same accumulator columns, whatever its width."""
+        if self.ch_width[c] == 0:
+            return None, None
+        g = cute.local_tile(mT, (self.tile_shape_mnk[0], self.ch_width[c]), (None, None, None))
+        return cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(s, 0, 2), cute.group_modes(g, 0, 2))
 
     @cute.jit
     def __call__(
@@ -103,50 +139,42 @@ class PersistentGemmSm90:
         b_dtype = mB.element_type
         a_layout = LayoutEnum.from_tensor(mA)
         b_layout = LayoutEnum.from_tensor(mB)
-        d_dtype = mD.element_type if cutlass.const_expr(mD is not None) else mPost.element_type
+        if cutlass.const_expr(mD is not None):
+            d_dtype = mD.element_type
+        elif cutlass.const_expr(mDpre is not None):
+            d_dtype = mDpre.element_type
+        else:
+            d_dtype = mPost.element_type
         post_dtype = mPost.element_type if cutlass.const_expr(mPost is not None) else d_dtype
-        self.d_dtype = d_dtype
-        self.a_dtype = a_dtype
-        self.b_dtype = b_dtype
-        self.post_dtype = post_dtype
+        self.a_dtype, self.b_dtype = a_dtype, b_dtype
+        self.d_dtype, self.post_dtype = d_dtype, post_dtype
         self.acc_dtype = cutlass.Float32
 
         self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
             a_dtype, b_dtype, a_layout.sm90_mma_major_mode(), b_layout.sm90_mma_major_mode(),
             self.acc_dtype, self.atom_layout_mnk, tiler_mn=(64, self.tile_shape_mnk[1]),
         )
-        self._smem_layouts(a_dtype, a_layout, b_dtype, b_layout, d_dtype, post_dtype, None)
+        self._smem_layouts(a_dtype, a_layout, b_dtype, b_layout, d_dtype, post_dtype)
 
-        mA3 = self._with_batch(mA)
-        mB3 = self._with_batch(mB)
         cm, cn = self.cluster_shape_mn
         # A is shared by the CTAs of a cluster row (multicast along N), B along M.
         tma_a, tA = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp() if cn == 1 else cpasync.CopyBulkTensorTileG2SMulticastOp(),
-            mA3, cute.slice_(self.sA_layout, (None, None, 0)),
+            self._with_batch(mA), cute.slice_(self.sA_layout, (None, None, 0)),
             (self.tile_shape_mnk[0], self.tile_shape_mnk[2]), num_multicast=cn,
         )
         tma_b, tB = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp() if cm == 1 else cpasync.CopyBulkTensorTileG2SMulticastOp(),
-            mB3, cute.slice_(self.sB_layout, (None, None, 0)),
+            self._with_batch(mB), cute.slice_(self.sB_layout, (None, None, 0)),
             (self.tile_shape_mnk[1], self.tile_shape_mnk[2]), num_multicast=cm,
         )
-        store_op = (
-            cpasync.CopyReduceBulkTensorTileS2GOp(cute.ReductionKind.ADD)
-            if cutlass.const_expr(self.epi.kind == "accumulate")
-            else cpasync.CopyBulkTensorTileS2GOp()
-        )
-        tma_d, tD = None, None
-        if cutlass.const_expr(self.epi.has_tma_d):
-            tma_d, tD = cpasync.make_tiled_tma_atom(
-                store_op, self._with_batch(mD), cute.slice_(self.sD_layout, (None, None, 0)), self.epi_tile
-            )
-        tma_p, tP = None, None
-        if cutlass.const_expr(self.epi.has_tma_post):
-            tma_p, tP = cpasync.make_tiled_tma_atom(
-                cpasync.CopyBulkTensorTileS2GOp(), self._with_batch(mPost),
-                cute.slice_(self.sP_layout, (None, None, 0)), self.epi_tile,
-            )
+        store = cpasync.CopyBulkTensorTileS2GOp()
+        d_op = cpasync.CopyReduceBulkTensorTileS2GOp(cute.ReductionKind.ADD) if cutlass.const_expr(self.epi.kind == "accumulate") else store
+        tma_d, tD = self._tma(d_op, mD, "D")
+        tma_p, tP = self._tma(store, mPost, "P")
+        tma_h, tH = self._tma(store, mPost, "H")
+        tma_x, tX = self._tma(store, mDpre, "X")
+        tma_l, tL = self._tma(cpasync.CopyBulkTensorTileG2SOp(), mPreIn, "L")
 
         # Persistent grid over (tiles_m, tiles_n) output tiles.
         m_size = cute.size(mA, mode=[0])
@@ -159,23 +187,27 @@ class PersistentGemmSm90:
         sched_params = tile_scheduler.make_params(tiles_mnl, self.cluster_shape_mn, self.cfg.raster_group)
         grid = tile_scheduler.grid_shape(sched_params, self.max_active_clusters)
 
-        d_cosize = cute.cosize(self.sD_layout) if cutlass.const_expr(self.epi.has_tma_d) else 1
-        p_cosize = cute.cosize(self.sP_layout) if cutlass.const_expr(self.epi.has_tma_post) else 1
+        def cosize(c):
+            return cute.cosize(self.ch_layout[c]) if self.ch_width[c] else 1
 
         @cute.struct
         class SharedStorage:
             ab_mbar: cute.struct.MemRange[cutlass.Int64, self.ab_stages * 2]
+            l_mbar: cute.struct.MemRange[cutlass.Int64, EPI_STAGES]
             sA: cute.struct.Align[cute.struct.MemRange[a_dtype, cute.cosize(self.sA_layout)], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[b_dtype, cute.cosize(self.sB_layout)], 1024]
-            sD: cute.struct.Align[cute.struct.MemRange[d_dtype, d_cosize], 1024]
-            sP: cute.struct.Align[cute.struct.MemRange[post_dtype, p_cosize], 1024]
+            sD: cute.struct.Align[cute.struct.MemRange[d_dtype, cosize("D")], 1024]
+            sP: cute.struct.Align[cute.struct.MemRange[post_dtype, cosize("P")], 1024]
+            sH: cute.struct.Align[cute.struct.MemRange[post_dtype, cosize("H")], 1024]
+            sX: cute.struct.Align[cute.struct.MemRange[d_dtype, cosize("X")], 1024]
+            sL: cute.struct.Align[cute.struct.MemRange[d_dtype, cosize("L")], 1024]
 
         self.shared_storage = SharedStorage
 
         self.kernel(
-            tma_a, tA, tma_b, tB, tma_d, tD, tma_p, tP,
-            mD, mPost, mPreIn, mDpre, mBias, m_size, n_size,
-            self.tiled_mma, self.sA_layout, self.sB_layout, self.sD_layout, self.sP_layout,
+            tma_a, tA, tma_b, tB, tma_d, tD, tma_p, tP, tma_h, tH, tma_x, tX, tma_l, tL,
+            mBias, m_size, n_size, self.tiled_mma, self.sA_layout, self.sB_layout,
+            self.ch_layout["D"], self.ch_layout["P"], self.ch_layout["H"], self.ch_layout["X"], self.ch_layout["L"],
             sched_params,
         ).launch(
             grid=grid,
@@ -192,28 +224,28 @@ class PersistentGemmSm90:
         self,
         tma_a: cute.CopyAtom, mA: cute.Tensor,
         tma_b: cute.CopyAtom, mB: cute.Tensor,
-        tma_d: Optional[cute.CopyAtom], mD_tma: Optional[cute.Tensor],
-        tma_p: Optional[cute.CopyAtom], mP_tma: Optional[cute.Tensor],
-        mD: Optional[cute.Tensor], mPost: Optional[cute.Tensor],
-        mPreIn: Optional[cute.Tensor], mDpre: Optional[cute.Tensor], mBias: Optional[cute.Tensor],
+        tma_d: Optional[cute.CopyAtom], mD: Optional[cute.Tensor],
+        tma_p: Optional[cute.CopyAtom], mP: Optional[cute.Tensor],
+        tma_h: Optional[cute.CopyAtom], mH: Optional[cute.Tensor],
+        tma_x: Optional[cute.CopyAtom], mX: Optional[cute.Tensor],
+        tma_l: Optional[cute.CopyAtom], mL: Optional[cute.Tensor],
+        mBias: Optional[cute.Tensor],
         m_size: cutlass.Int32, n_size: cutlass.Int32,
         tiled_mma: cute.TiledMma,
         sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout,
-        sD_layout: cute.ComposedLayout, sP_layout: cute.ComposedLayout,
+        sD_layout: cute.ComposedLayout, sP_layout: cute.ComposedLayout, sH_layout: cute.ComposedLayout,
+        sX_layout: cute.ComposedLayout, sL_layout: cute.ComposedLayout,
         sched_params: utils.PersistentTileSchedulerParams,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = cute.arch.make_warp_uniform(tidx // 128)
         tm, tn, tk = self.tile_shape_mnk
+        has = {c: self.ch_width[c] > 0 for c in self.ch_width}
 
         if warp_idx == 0:
             cpasync.prefetch_descriptor(tma_a)
             cpasync.prefetch_descriptor(tma_b)
-            if cutlass.const_expr(self.epi.has_tma_d):
-                cpasync.prefetch_descriptor(tma_d)
-            if cutlass.const_expr(self.epi.has_tma_post):
-                cpasync.prefetch_descriptor(tma_p)
 
         # ---- cluster geometry and multicast masks
         cta_layout_mnk = cute.make_layout((*self.cluster_shape_mn, 1))
@@ -240,6 +272,13 @@ class PersistentGemmSm90:
             cta_layout_vmnk=cute.make_layout((1, *cta_layout_mnk.shape)),
             defer_sync=True,
         )
+        l_mbar = storage.l_mbar.data_ptr()
+        if cutlass.const_expr(has["L"]):
+            # The preact ring's "full" barriers: one arrival (the thread that arms the bytes).
+            if tidx == 0:
+                for i in cutlass.range_constexpr(EPI_STAGES):
+                    cute.arch.mbarrier_init(l_mbar + i, 1)
+            cute.arch.mbarrier_init_fence()
         pipeline.pipeline_init_arrive(cluster_shape_mn=self.cluster_shape_mn, is_relaxed=True)
 
         sA = storage.sA.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
@@ -288,26 +327,32 @@ class PersistentGemmSm90:
             tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
             tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
 
-            # Coordinates of every output element: lets the epilogue index bias / preact /
-            # half- or double-width outputs at exactly the accumulators' positions.
-            cD = cute.make_identity_tensor((m_size, n_size))
-            gcD = cute.local_tile(cD, (tm, tn), (None, None))
-            acc_shape = thr_mma.partition_C(gcD[(None, None, 0, 0)]).shape
-            acc = cute.make_rmem_tensor(acc_shape, self.acc_dtype)
+            # Each accumulator's coordinates: in the tile (static shape) for the smem channels of
+            # other widths, and in the problem for the bias.
+            tCcT = thr_mma.partition_C(cute.make_identity_tensor((tm, tn)))
+            gcG = cute.local_tile(cute.make_identity_tensor((m_size, n_size)), (tm, tn), (None, None))
+            acc = cute.make_rmem_tensor(tCcT.shape, self.acc_dtype)
 
-            # Registers -> smem: stmatrix for 16-bit outputs, plain stores for fp32.
+            # Registers -> smem for the acc-shaped channels: stmatrix (16-bit) or plain stores.
             row = LayoutEnum.ROW_MAJOR
-            r2s_atom_d = sm90_utils.get_smem_store_op(row, self.d_dtype, self.acc_dtype)
-            c_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.d_dtype)
-            r2s_d = cute.make_tiled_copy_S(r2s_atom_d, cute.make_tiled_copy_C_atom(c_atom, tiled_mma))
+            c_atom_d = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.d_dtype)
+            r2s_d = cute.make_tiled_copy_S(
+                sm90_utils.get_smem_store_op(row, self.d_dtype, self.acc_dtype),
+                cute.make_tiled_copy_C_atom(c_atom_d, tiled_mma),
+            )
+            c_atom_p = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.post_dtype)
+            r2s_p = cute.make_tiled_copy_S(
+                sm90_utils.get_smem_store_op(row, self.post_dtype, self.acc_dtype),
+                cute.make_tiled_copy_C_atom(c_atom_p, tiled_mma),
+            )
             thr_r2s_d = r2s_d.get_slice(mma_tidx)
-            r2s_atom_p = sm90_utils.get_smem_store_op(row, self.post_dtype, self.acc_dtype)
-            p_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.post_dtype)
-            r2s_p = cute.make_tiled_copy_S(r2s_atom_p, cute.make_tiled_copy_C_atom(p_atom, tiled_mma))
             thr_r2s_p = r2s_p.get_slice(mma_tidx)
 
             sD = storage.sD.get_tensor(sD_layout.outer, swizzle=sD_layout.inner)
             sP = storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)
+            sH = storage.sH.get_tensor(sH_layout.outer, swizzle=sH_layout.inner)
+            sX = storage.sX.get_tensor(sX_layout.outer, swizzle=sX_layout.inner)
+            sL = storage.sL.get_tensor(sL_layout.outer, swizzle=sL_layout.inner)
             tRS_sD = thr_r2s_d.partition_D(sD)
             tRS_sP = thr_r2s_p.partition_D(sP)
             tRS_acc = r2s_d.retile(acc)
@@ -319,19 +364,23 @@ class PersistentGemmSm90:
             rD_out = cute.make_rmem_tensor(sub_shape, self.d_dtype)
             rP_out = cute.make_rmem_tensor(sub_shape, self.post_dtype)
 
+            # TMA views: (TMA, subtiles_m, subtiles_n, 1) of each global channel tensor; subtile
+            # (i, j) of a channel covers the same accumulator columns for every channel width.
+            bD_s, bD_g = self._tma_view(tma_d, mD, sD, "D")
+            bP_s, bP_g = self._tma_view(tma_p, mP, sP, "P")
+            bH_s, bH_g = self._tma_view(tma_h, mH, sH, "H")
+            bX_s, bX_g = self._tma_view(tma_x, mX, sX, "X")
+            bL_s, bL_g = self._tma_view(tma_l, mL, sL, "L")
+            l_bytes = tm * self.ch_width["L"] * self.d_dtype.width // 8
+
             epi_barrier = pipeline.NamedBarrier(barrier_id=1, num_threads=self.num_mma_threads)
             store_pipeline = pipeline.PipelineTmaStore.create(
                 num_stages=EPI_STAGES,
                 producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads),
             )
             store_warp = 4  # first consumer warp issues the TMA stores
-
-            gD_tiles = None
-            gP_tiles = None
-            if cutlass.const_expr(self.epi.has_tma_d):
-                gD_tiles = cute.local_tile(mD_tma, (tm, tn), (None, None, None))
-            if cutlass.const_expr(self.epi.has_tma_post):
-                gP_tiles = cute.local_tile(mP_tma, (tm, tn), (None, None, None))
+            num_sub = tn // self.epi_tile[1]
+            w = self.epi_tile[1]
 
             sched = tile_scheduler.create(sched_params)
             work = sched.initial_work_tile_info()
@@ -341,44 +390,56 @@ class PersistentGemmSm90:
             tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
             while work.is_valid_tile:
                 tc = work.tile_idx
+                if cutlass.const_expr(has["L"]):
+                    # Start this tile's first preact subtile now, so it lands during the mainloop.
+                    if tidx == 128:
+                        nb = epi_count % EPI_STAGES
+                        cute.arch.mbarrier_arrive_and_expect_tx(l_mbar + nb, l_bytes)
+                        cute.copy(tma_l, bL_g[(None, tc[0], tc[1] * num_sub, 0)], bL_s[(None, nb)], tma_bar_ptr=l_mbar + nb)
                 read_state, release_state = mainloop.consume_tile(
                     ab_pipeline, read_state, release_state, tiled_mma, acc, tCrA, tCrB, k_tiles
                 )
-
-                tCc = thr_mma.partition_C(gcD[(None, None, tc[0], tc[1])])
-                bSG_sD, bSG_gD, bSG_sP, bSG_gP = None, None, None, None
-                if cutlass.const_expr(self.epi.has_tma_d):
-                    bSG_sD, bSG_gD = cpasync.tma_partition(
-                        tma_d, 0, cute.make_layout(1), cute.group_modes(sD, 0, 2),
-                        cute.zipped_divide(gD_tiles[(None, None, tc[0], tc[1], 0)], self.epi_tile),
-                    )
-                if cutlass.const_expr(self.epi.has_tma_post):
-                    bSG_sP, bSG_gP = cpasync.tma_partition(
-                        tma_p, 0, cute.make_layout(1), cute.group_modes(sP, 0, 2),
-                        cute.zipped_divide(gP_tiles[(None, None, tc[0], tc[1], 0)], self.epi_tile),
-                    )
-                num_epi_m = tm // self.epi_tile[0]
-                num_epi_n = tn // self.epi_tile[1]
-                for e in cutlass.range_constexpr(num_epi_m * num_epi_n):
+                tCcG = thr_mma.partition_C(gcG[(None, None, tc[0], tc[1])])
+                for e in cutlass.range_constexpr(num_sub):
+                    buf = epi_count % EPI_STAGES
+                    if cutlass.const_expr(has["L"]):
+                        if cutlass.const_expr(e + 1 < num_sub):
+                            if tidx == 128:
+                                nb = (epi_count + 1) % EPI_STAGES
+                                cute.arch.mbarrier_arrive_and_expect_tx(l_mbar + nb, l_bytes)
+                                cute.copy(
+                                    tma_l, bL_g[(None, tc[0], tc[1] * num_sub + e + 1, 0)], bL_s[(None, nb)],
+                                    tma_bar_ptr=l_mbar + nb,
+                                )
+                        cute.arch.mbarrier_wait(l_mbar + buf, (epi_count // EPI_STAGES) % 2)
                     for v in cutlass.range_constexpr(S):
                         rAcc[v] = tRS_acc[e * S + v]
-                    self.epi.visit(rAcc, rD, rP, tCc, e * S, m_size, n_size, mBias, mPreIn, mPost, mDpre)
-                    buf = epi_count % EPI_STAGES
-                    if cutlass.const_expr(self.epi.has_tma_d):
+                    self.epi.visit(
+                        rAcc, rD, rP, tCcT, tCcG, e * S, e * w, n_size, mBias,
+                        sL[(None, None, buf)] if cutlass.const_expr(has["L"]) else None,
+                        sH[(None, None, buf)] if cutlass.const_expr(has["H"]) else None,
+                        sX[(None, None, buf)] if cutlass.const_expr(has["X"]) else None,
+                    )
+                    if cutlass.const_expr(has["D"]):
                         rD_out.store(rD.load().to(self.d_dtype))
                         cute.copy(r2s_d, rD_out, tRS_sD[(None, None, None, buf)])
-                    if cutlass.const_expr(self.epi.has_tma_post):
+                    if cutlass.const_expr(has["P"]):
                         rP_out.store(rP.load().to(self.post_dtype))
                         cute.copy(r2s_p, rP_out, tRS_sP[(None, None, None, buf)])
                     # smem written by the generic proxy, read next by the TMA (async proxy).
                     cute.arch.fence_proxy("async.shared", space="cta")
                     epi_barrier.arrive_and_wait()
                     if warp_idx == store_warp:
-                        gcoord = (e // num_epi_n, e % num_epi_n)
-                        if cutlass.const_expr(self.epi.has_tma_d):
-                            cute.copy(tma_d, bSG_sD[(None, buf)], bSG_gD[(None, gcoord)])
-                        if cutlass.const_expr(self.epi.has_tma_post):
-                            cute.copy(tma_p, bSG_sP[(None, buf)], bSG_gP[(None, gcoord)])
+                        sm = tc[0]
+                        sn = tc[1] * num_sub + e
+                        if cutlass.const_expr(has["D"]):
+                            cute.copy(tma_d, bD_s[(None, buf)], bD_g[(None, sm, sn, 0)])
+                        if cutlass.const_expr(has["P"]):
+                            cute.copy(tma_p, bP_s[(None, buf)], bP_g[(None, sm, sn, 0)])
+                        if cutlass.const_expr(has["H"]):
+                            cute.copy(tma_h, bH_s[(None, buf)], bH_g[(None, sm, sn, 0)])
+                        if cutlass.const_expr(has["X"]):
+                            cute.copy(tma_x, bX_s[(None, buf)], bX_g[(None, sm, sn, 0)])
                         store_pipeline.producer_commit()
                         # Before buffer `buf` is written again, its store must have read smem.
                         store_pipeline.producer_acquire()

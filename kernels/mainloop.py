@@ -57,15 +57,18 @@ def consume_tile(
     # The caller has set ACCUMULATE once for the whole persistent loop (mutating the TiledMma here,
     # inside the loop, would not be threaded through the staged control flow); so clear first.
     acc.fill(0.0)
-    cute.nvgpu.warpgroup.fence()
-    # Prologue: issue the first stage without waiting on anything.
+    # Prologue: the first stage, with no earlier group to keep in flight.
     ab_pipeline.consumer_wait(read_state)
+    cute.nvgpu.warpgroup.fence()
     for kb in cutlass.range_constexpr(num_k_blocks):
         cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read_state.index)], tCrB[(None, None, kb, read_state.index)], acc)
     cute.nvgpu.warpgroup.commit_group()
     read_state.advance()
     for k in cutlass.range(1, k_tiles, unroll=1):
         ab_pipeline.consumer_wait(read_state)
+        # Order this stage's WGMMAs after the accumulator accesses of the previous issue (what
+        # ptxas would otherwise inject itself, warning C7519).
+        cute.nvgpu.warpgroup.fence()
         for kb in cutlass.range_constexpr(num_k_blocks):
             cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read_state.index)], tCrB[(None, None, kb, read_state.index)], acc)
         cute.nvgpu.warpgroup.commit_group()
