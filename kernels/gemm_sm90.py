@@ -392,9 +392,12 @@ class PersistentGemmSm90:
                 tc = work.tile_idx
                 if cutlass.const_expr(has["L"]):
                     # Start this tile's first preact subtile now, so it lands during the mainloop.
-                    if tidx == 128:
+                    # One warp issues (the TMA copy elects its own thread: it must be reached by the
+                    # whole warp); one thread of it arms the barrier with the bytes to expect.
+                    if warp_idx == store_warp:
                         nb = epi_count % EPI_STAGES
-                        cute.arch.mbarrier_arrive_and_expect_tx(l_mbar + nb, l_bytes)
+                        with cute.arch.elect_one():
+                            cute.arch.mbarrier_arrive_and_expect_tx(l_mbar + nb, l_bytes)
                         cute.copy(tma_l, bL_g[(None, tc[0], tc[1] * num_sub, 0)], bL_s[(None, nb)], tma_bar_ptr=l_mbar + nb)
                 read_state, release_state = mainloop.consume_tile(
                     ab_pipeline, read_state, release_state, tiled_mma, acc, tCrA, tCrB, k_tiles
@@ -404,9 +407,10 @@ class PersistentGemmSm90:
                     buf = epi_count % EPI_STAGES
                     if cutlass.const_expr(has["L"]):
                         if cutlass.const_expr(e + 1 < num_sub):
-                            if tidx == 128:
+                            if warp_idx == store_warp:
                                 nb = (epi_count + 1) % EPI_STAGES
-                                cute.arch.mbarrier_arrive_and_expect_tx(l_mbar + nb, l_bytes)
+                                with cute.arch.elect_one():
+                                    cute.arch.mbarrier_arrive_and_expect_tx(l_mbar + nb, l_bytes)
                                 cute.copy(
                                     tma_l, bL_g[(None, tc[0], tc[1] * num_sub + e + 1, 0)], bL_s[(None, nb)],
                                     tma_bar_ptr=l_mbar + nb,
