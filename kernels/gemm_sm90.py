@@ -40,7 +40,7 @@ try:  # moved in 4.8; the old spelling still works with a deprecation warning
 except ImportError:  # pragma: no cover
     LayoutEnum = utils.LayoutEnum
 
-SMEM_CAPACITY = 227 * 1024  # dynamic smem per CTA on sm_90 (228 KB minus 1 KB reserved)
+SMEM_CAPACITY = 232448  # max dynamic smem per CTA on sm_90 (227 KB)
 PRODUCER_REGS = 40
 CONSUMER_REGS = 232
 EPI_STAGES = 2
@@ -85,9 +85,13 @@ class PersistentGemmSm90:
         tm, tn, tk = self.tile_shape_mnk
         widths = self._channel_widths()
         dtypes = {"D": d_dtype, "P": post_dtype, "H": post_dtype, "X": d_dtype, "L": d_dtype}
-        epi_bytes = sum(tm * w * dtypes[c].width // 8 * EPI_STAGES for c, w in widths.items())
+        # SharedStorage: mbarriers (padded to the 1 KB alignment of what follows), the A/B ring,
+        # then one 1 KB-aligned buffer per channel; an absent channel still takes its 1 KB slot.
+        epi_bytes = sum(
+            tm * w * dtypes[c].width // 8 * EPI_STAGES if w else 1024 for c, w in widths.items()
+        )
         stage_bytes = (tm * tk) * a_dtype.width // 8 + (tn * tk) * b_dtype.width // 8
-        ab_stages = min((SMEM_CAPACITY - epi_bytes - 2048) // stage_bytes, 8)
+        ab_stages = min((SMEM_CAPACITY - epi_bytes - 1024) // stage_bytes, 8)
         if ab_stages < 2:
             raise ValueError(f"tile {tm}x{tn}: not enough shared memory for two stages")
         self.ab_stages = ab_stages
@@ -203,6 +207,13 @@ class PersistentGemmSm90:
             sL: cute.struct.Align[cute.struct.MemRange[d_dtype, cosize("L")], 1024]
 
         self.shared_storage = SharedStorage
+        # A launch with more shared memory than the SM has fails only on the GPU; fail at compile
+        # time instead, where the selfcheck sees it.
+        if cutlass.const_expr(SharedStorage.size_in_bytes() > SMEM_CAPACITY):
+            raise ValueError(
+                f"{self.cfg.key} {self.epi.key}: shared storage {SharedStorage.size_in_bytes()} B "
+                f"exceeds {SMEM_CAPACITY} B"
+            )
 
         self.kernel(
             tma_a, tA, tma_b, tB, tma_d, tD, tma_p, tP, tma_h, tH, tma_x, tX, tma_l, tL,
