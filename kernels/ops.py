@@ -97,6 +97,8 @@ def unsupported_reason(*tensors, dtype=None, device=None) -> Optional[str]:
                 return f"shape {shape}: the last dim is not a multiple of 16 bytes"
     if len(halves) > 1:
         return f"mixed input dtypes {sorted(map(str, halves))}"
+    if not halves and any(isinstance(t, torch.Tensor) for t in tensors):
+        return "no bfloat16/float16 operand: the CuTe kernels take 16-bit inputs (fp32 only as an output)"
     for d in devs:
         if d.type != "cuda":
             return f"device {d} is not CUDA"
@@ -178,6 +180,11 @@ def _launch(spec: EpilogueSpec, a, bk, d=None, post=None, prein=None, dpre=None,
         )
 
 
+def _aligned(*widths_and_sizes) -> bool:
+    """Row strides (in elements, with their element sizes) that TMA can address: 16-byte multiples."""
+    return all((w * es) % 16 == 0 for w, es in widths_and_sizes)
+
+
 def _shapes(a, b):
     if a.dim() != 2 or b.dim() != 2:
         raise ValueError(f"a and b must be matrices; got {tuple(a.shape)} and {tuple(b.shape)}")
@@ -195,7 +202,7 @@ def gemm(a, b, out=None, out_dtype=None, accumulate=False, *, config: Optional[G
     """out (+)= a @ b. `accumulate=True` adds into `out` (fp32: a TMA reduce-add, out is not read
     back through registers)."""
     m, k, n = _shapes(a, b)
-    _check(a, b, out)
+    _check(a, b)
     if accumulate and out is None:
         raise ValueError("accumulate=True needs out=")
     if out is None:
@@ -211,6 +218,11 @@ def gemm(a, b, out=None, out_dtype=None, accumulate=False, *, config: Optional[G
     if k == 0:
         if not accumulate:
             out.zero_()
+        return out
+    if _tensor_reason(out, "out") is not None:
+        # An out view TMA cannot address (misaligned stride or pointer): compute, then copy/add.
+        r = gemm(a, b, out_dtype=torch.float32 if accumulate else out.dtype, config=config, tuned=tuned)
+        out.add_(r) if accumulate else out.copy_(r)
         return out
     spec = EpilogueSpec("accumulate" if accumulate else "store")
     if _major(out) == "row":
@@ -240,6 +252,14 @@ def gemm_act(a, b, activation, bias=None, store_preact=True, *, config: Optional
             preact.copy_(z)
         postact.copy_(act.forward(z))
         return preact, postact
+    if not _aligned((n, a.element_size()), (postact.shape[1], a.element_size())):
+        # An output row that TMA cannot store (e.g. a gated h that is not a multiple of 8):
+        # the reference math, so the result is still right, just not fused.
+        ref = (a @ b).float() + (0 if bias is None else bias.float())
+        if preact is not None:
+            preact.copy_(ref)
+        postact.copy_(act.forward(ref))
+        return preact, postact
     spec = EpilogueSpec("act", act.name, bias is not None, store_preact)
     _launch(spec, a, b.t(), d=preact, post=postact, bias=bias, d_dtype=a.dtype, config=config, tuned=tuned)
     return preact, postact
@@ -263,6 +283,11 @@ def gemm_dact(a, b, preact, activation, *, config: Optional[GemmConfig] = None, 
         return dpreact, postact
     if k == 0:
         d, p = act.backward(preact, torch.zeros(m, n, dtype=a.dtype, device=a.device))
+        dpreact.copy_(d)
+        postact.copy_(p)
+        return dpreact, postact
+    if not _aligned((n, a.element_size()), (width, a.element_size())):
+        d, p = act.backward(preact, a @ b)
         dpreact.copy_(d)
         postact.copy_(p)
         return dpreact, postact

@@ -18,3 +18,9 @@ def test_unsupported_reason_dtype():
 def test_unsupported_reason_shape_alignment():
     r = ops.unsupported_reason((8, 7), dtype=torch.bfloat16)
     assert r and "16 bytes" in r
+
+
+def test_unsupported_reason_fp32_inputs_only():
+    # fp32 is accepted as an output dtype, never as the only operand dtype
+    r = ops.unsupported_reason(torch.randn(8, 8), torch.randn(8, 8))
+    assert r is not None

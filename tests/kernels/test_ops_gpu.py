@@ -166,3 +166,23 @@ def test_unsupported_reason_on_gpu():
     assert ops.unsupported_reason(a, a) is None
     assert "dtype" in ops.unsupported_reason(a.float().double())
     assert "16 bytes" in ops.unsupported_reason(torch.randn(64, 66, device="cuda", dtype=torch.bfloat16)[:, :63])
+
+
+@pytest.mark.parametrize("act", ["swiglu", "relu"])
+def test_unaligned_output_width_falls_back_correctly(act):
+    """A gated h (or N) whose output rows TMA cannot store still gives the right answer."""
+    from parallel_mlp.kernels import ops
+
+    A = ACTIVATIONS[act]
+    n = 20 if A.gated else 12  # postact / output rows of 10 or 12 bf16: not 16-byte multiples
+    x = operand(100, 64, "row", torch.bfloat16, 0.125)
+    w = operand(n, 64, "row", torch.bfloat16)
+    pre, post = ops.gemm_act(x, w.t(), act)
+    ref = x.float() @ w.float().t()
+    check(post, A.forward(ref), A.forward(x @ w.t()), "fallback act")
+    dy = operand(100, 64, "row", torch.bfloat16, 0.125)
+    w2 = operand(64, n // 2 if A.gated else n, "col", torch.bfloat16)  # aligned storage, narrow N
+    dpre, post2 = ops.gemm_dact(dy, w2, pre, act)
+    rd, rp = A.backward(pre.float(), dy.float() @ w2.float())
+    ld, lp = A.backward(pre, dy @ w2)
+    check(dpre, rd, ld, "fallback dact")
