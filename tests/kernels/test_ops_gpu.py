@@ -186,3 +186,22 @@ def test_unaligned_output_width_falls_back_correctly(act):
     rd, rp = A.backward(pre.float(), dy.float() @ w2.float())
     ld, lp = A.backward(pre, dy @ w2)
     check(dpre, rd, ld, "fallback dact")
+
+
+def test_tuned_choice_is_timed_once_and_kept_on_disk(tmp_path, monkeypatch):
+    import json
+
+    from parallel_mlp.kernels import ops, tuning
+
+    monkeypatch.setenv("PARALLEL_MLP_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(tuning, "_choices", None)
+    a = operand(512, 1024, "row", torch.bfloat16, 1024 ** -0.5)
+    b = operand(1024, 768, "col", torch.bfloat16)
+    out = ops.gemm(a, b, tuned=True)
+    check(out, a.float() @ b.float(), a @ b, "tuned gemm")
+    saved = json.loads((tmp_path / "tune.json").read_text())
+    assert len(saved) == 1
+    calls = []
+    monkeypatch.setattr(tuning, "_time", lambda fn, reps=10: calls.append(1) or 1.0)
+    ops.gemm(a, b, tuned=True)
+    assert not calls, "a kept choice must not be timed again"
