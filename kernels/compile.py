@@ -75,16 +75,8 @@ def source_fingerprint() -> str:
     return _fingerprint
 
 
-def _ensure_arch():
-    # The DSL reads its target from CUTE_DSL_ARCH (else it probes the GPU, which fails on a
-    # machine without one). Our kernels are sm_90a kernels whatever machine compiles them.
-    os.environ.setdefault("CUTE_DSL_ARCH", _ARCH)
-
-
 def fake_args(key: KernelKey):
     """The symbolic signature (mA, mB, mD, mPost, mPreIn, mDpre, mBias, stream) of a kernel."""
-    _ensure_arch()
-    import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
@@ -116,8 +108,9 @@ def fake_args(key: KernelKey):
 
 
 def compile_kernel(key: KernelKey, keep_ptx: bool = False):
-    """cute.compile one kernel for sm_90a. Returns the compiled function (and its PTX if asked)."""
-    _ensure_arch()
+    """cute.compile one kernel for sm_90a (the target is a compile option, so this works on a
+    machine without a GPU and never depends on CUTE_DSL_ARCH). Returns the compiled function;
+    with keep_ptx its ``.artifacts.PTX`` holds the PTX text."""
     import cutlass.cute as cute
 
     from .gemm_sm90 import PersistentGemmSm90
@@ -150,6 +143,11 @@ _lock = threading.Lock()
 
 def _export_name(key: KernelKey) -> str:
     return "pmlp_" + hashlib.sha256(key.name.encode()).hexdigest()[:20]
+
+
+def object_path(key: KernelKey) -> Path:
+    """Where the disk cache keeps `key`'s exported object."""
+    return cache_dir() / "kernels" / source_fingerprint() / f"{_export_name(key)}.o"
 
 
 def get_kernel(key: KernelKey, use_disk: bool = True):

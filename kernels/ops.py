@@ -242,6 +242,8 @@ def gemm_act(a, b, activation, bias=None, store_preact=True, *, config: Optional
         raise ValueError(f"gated activation {act.name}: b has an odd number of columns ({n})")
     if bias is not None and tuple(bias.shape) != (n,):
         raise ValueError(f"bias is {tuple(bias.shape)}, expected {(n,)}")
+    if bias is not None and bias.stride(0) != 1:
+        bias = bias.contiguous()  # the epilogue indexes bias with unit stride
     preact = torch.empty(m, n, dtype=a.dtype, device=a.device) if store_preact else None
     postact = torch.empty(m, n // 2 if act.gated else n, dtype=a.dtype, device=a.device)
     if m == 0 or n == 0:

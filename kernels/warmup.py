@@ -1,0 +1,113 @@
+"""Fill the on-disk kernel cache for a model's MLP shapes, compiling in parallel.
+
+    python -m parallel_mlp.kernels.warmup --tokens 8192 --d 4096 --h 14336 --act swiglu [-j 16]
+
+Compiles (in a process pool) the kernels that ParallelMLP's forward and backward use at these
+shapes with the default configs: fc1 + act (with and without stored preact, for recompute),
+fc2, the dact GEMM, dx, and both wgrads (fp32 accumulate and plain store), and exports each to
+``$PARALLEL_MLP_CACHE_DIR`` (default ``~/.cache/parallel_mlp``). Run it once on the GPU host (or
+any machine with the same DSL) before timing or training, so no step pays for compiling; a kernel
+it did not foresee is still compiled on first use. Shape-independent: a kernel serves every
+problem size of its layout and config, so only the configs the shapes select matter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+from parallel_mlp.activations import get_activation
+
+from .compile import KernelKey
+from .config import DEFAULT_NUM_SMS, default_config
+from .epilogue import EpilogueSpec
+
+
+def mlp_keys(tokens, d, h, act, dtype="bfloat16", d_out=None, bias=False, num_sms=DEFAULT_NUM_SMS):
+    """KernelKeys of one TP shard's MLP fwd + bwd (the operand majorness ParallelMLP produces)."""
+    A = get_activation(act)
+    d_out = d_out or d
+    F = 2 * h if A.gated else h
+    T = tokens
+    cfg = lambda m, n, k: default_config(m, n, k, num_sms)  # noqa: E731
+    bias_dt = dtype if bias else None
+    keys = [
+        # fc1 + act: x [T, d] row-major, b = W1.T -> (N, K) = W1, K contiguous
+        KernelKey(EpilogueSpec("act", A.name, bias, True), cfg(T, F, d), dtype, "row", "row", dtype, bias_dt),
+        KernelKey(EpilogueSpec("act", A.name, bias, False), cfg(T, F, d), dtype, "row", "row", dtype, bias_dt),
+        # fc2: postact [T, h] @ W2.T
+        KernelKey(EpilogueSpec("store"), cfg(T, d_out, h), dtype, "row", "row", dtype),
+        # dpostact = dy @ W2 (W2 row-major [d_out, h]: the (N, K) view is N-contiguous)
+        KernelKey(EpilogueSpec("dact", A.name), cfg(T, h, d_out), dtype, "row", "col", dtype),
+        # dx = dpreact @ W1
+        KernelKey(EpilogueSpec("store"), cfg(T, d, F), dtype, "row", "col", dtype),
+    ]
+    # wgrads: dW2 = dy.T @ postact, dW1 = dpreact.T @ x (a column-major, b row-major)
+    for m, n in ((d_out, h), (F, d)):
+        keys.append(KernelKey(EpilogueSpec("accumulate"), cfg(m, n, T), dtype, "col", "col", "float32"))
+        keys.append(KernelKey(EpilogueSpec("store"), cfg(m, n, T), dtype, "col", "col", dtype))
+        # a 16-bit .grad accumulated in place: computed in fp32, then added
+        keys.append(KernelKey(EpilogueSpec("store"), cfg(m, n, T), dtype, "col", "col", "float32"))
+    return list(dict.fromkeys(keys))
+
+
+def _build(key: KernelKey):
+    import warnings
+
+    from .compile import get_kernel, object_path
+
+    t = time.time()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            get_kernel(key)
+    except Exception as e:
+        return False, time.time() - t, f"{type(e).__name__}: {str(e)[:200]}"
+    if not object_path(key).exists():
+        # Exporting links the host launcher against the CUDA runtime, which a machine without
+        # a CUDA driver stack lacks: compiled fine, but nothing was cached.
+        return False, time.time() - t, "compiled, but the object could not be exported (no CUDA runtime here?)"
+    return True, time.time() - t, ""
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m parallel_mlp.kernels.warmup", description=__doc__.split("\n")[0])
+    p.add_argument("--tokens", type=int, default=8192)
+    p.add_argument("--d", type=int, default=4096)
+    p.add_argument("--h", type=int, nargs="+", default=[14336], help="hidden size(s) of one shard")
+    p.add_argument("--d-out", type=int, default=None)
+    p.add_argument("--act", nargs="+", default=["swiglu"])
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    p.add_argument("--bias", action="store_true")
+    p.add_argument("--num-sms", type=int, default=None, help="default: the current GPU's, else 132")
+    p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
+    args = p.parse_args(argv)
+    sms = args.num_sms
+    if sms is None:
+        try:
+            import torch
+
+            sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else DEFAULT_NUM_SMS
+        except Exception:
+            sms = DEFAULT_NUM_SMS
+    keys = []
+    for act in args.act:
+        for h in args.h:
+            keys += mlp_keys(args.tokens, args.d, h, act, args.dtype, args.d_out, args.bias, sms)
+    keys = list(dict.fromkeys(keys))
+    t0 = time.time()
+    with ProcessPoolExecutor(max_workers=max(1, min(args.jobs, len(keys)))) as pool:
+        results = list(pool.map(_build, keys))
+    bad = 0
+    for key, (ok, dt, msg) in zip(keys, results):
+        bad += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {key.name:72s} {dt:5.1f}s {msg}")
+    print(f"warmup: {len(keys) - bad}/{len(keys)} kernels cached in {time.time() - t0:.0f}s")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
