@@ -99,7 +99,12 @@ def main(argv=None) -> int:
             keys += mlp_keys(args.tokens, args.d, h, act, args.dtype, args.d_out, args.bias, sms)
     keys = list(dict.fromkeys(keys))
     t0 = time.time()
-    with ProcessPoolExecutor(max_workers=max(1, min(args.jobs, len(keys)))) as pool:
+    # spawn, not fork: this process may have initialised CUDA (to count SMs), and a forked child
+    # must not inherit a CUDA context.
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=max(1, min(args.jobs, len(keys))), mp_context=ctx) as pool:
         results = list(pool.map(_build, keys))
     bad = 0
     for key, (ok, dt, msg) in zip(keys, results):
