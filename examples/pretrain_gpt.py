@@ -34,6 +34,8 @@ and gloo in fp32.
 from __future__ import annotations
 
 import argparse
+import gc
+import importlib
 import math
 import os
 import sys
@@ -335,6 +337,12 @@ def setup_distributed(backend: str, device: str) -> torch.device:
     else:
         dev = torch.device("cpu")
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # started by torchrun
+        # torch.optim imports torch._dynamo on first use, and that import keeps references to
+        # the default process group if one exists already. The group would then outlive
+        # destroy_process_group() and its gloo threads would be torn down during interpreter
+        # shutdown, which can abort ("terminate called without an active exception"). Import
+        # it before the group exists.
+        importlib.import_module("torch._dynamo")
         if backend == "auto":
             backend = "nccl" if use_cuda else "gloo"
         kwargs = {"device_id": dev} if dev.type == "cuda" else {}
@@ -470,6 +478,18 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> None:
     args = parse_args(argv)
     device = setup_distributed(args.backend, args.device)
+    train(args, device)
+    if dist.is_initialized():
+        dist.barrier()  # nobody tears the group down while a peer still uses it
+        # Everything that referenced the process group (each ParallelMLP, the autograd graph of
+        # the last loss) died with train()'s frame; collect any cycles too, so that the group's
+        # threads stop inside destroy_process_group() rather than during interpreter shutdown
+        # (see setup_distributed).
+        gc.collect()
+        dist.destroy_process_group()
+
+
+def train(args: argparse.Namespace, device: torch.device) -> None:
     rank, world = _rank(), _world_size()
     say = print if rank == 0 else (lambda *a, **k: None)
 
@@ -538,10 +558,6 @@ def main(argv=None) -> None:
         say(f"{steps_run} steps in {elapsed:.1f}s, "
             f"{steps_run * tokens_per_step / elapsed:,.0f} tokens/s")
         say(f"first loss {first_loss:.4f} last loss {last_loss:.4f}")
-    if dist.is_initialized():
-        dist.barrier()  # nobody tears the group down while a peer still uses it
-        dist.destroy_process_group()
-
 
 if __name__ == "__main__":
     main()
