@@ -205,3 +205,18 @@ def test_tuned_choice_is_timed_once_and_kept_on_disk(tmp_path, monkeypatch):
     monkeypatch.setattr(tuning, "_time", lambda fn, reps=10: calls.append(1) or 1.0)
     ops.gemm(a, b, tuned=True)
     assert not calls, "a kept choice must not be timed again"
+
+
+@pytest.mark.parametrize("cfg_index", range(6))
+def test_every_tuning_candidate_is_correct(cfg_index):
+    """tuned=True may pick any candidate, so each must be right (clusters, tiles, tails)."""
+    from parallel_mlp.kernels import ops
+    from parallel_mlp.kernels.config import TUNE_CANDIDATES
+
+    cfg = TUNE_CANDIDATES[cfg_index]
+    a = operand(1000, 4000, "row", torch.bfloat16, 4000 ** -0.5)
+    b = operand(4000, 1048, "col", torch.bfloat16)
+    check(ops.gemm(a, b, config=cfg), a.float() @ b.float(), a @ b, f"gemm {cfg.key}")
+    _, post = ops.gemm_act(a, b, "swiglu", config=cfg)
+    ref = ACTIVATIONS["swiglu"].forward(a.float() @ b.float())
+    check(post, ref, ACTIVATIONS["swiglu"].forward(a @ b), f"act {cfg.key}")
