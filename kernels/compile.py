@@ -14,8 +14,10 @@ changed kernel never loads a stale object.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,6 +109,23 @@ def fake_args(key: KernelKey):
     return a, b, d, post, prein, dpre, bias, make_fake_stream()
 
 
+@contextlib.contextmanager
+def _dsl_safe_argv():
+    """Hide the process's command line from the DSL while it compiles.
+
+    The DSL runs ``argparse.parse_known_args()`` over ``sys.argv`` on every compile (looking for
+    its ``-diagnostic`` flag). A user's own flags then collide with it: ``--h 7168`` is taken as
+    an abbreviation of ``--help`` (prints usage and exits), ``-d 4096`` as ``-diagnostic 4096``
+    (an invalid choice: exits). So our compiles see a bare argv.
+    """
+    saved = sys.argv
+    sys.argv = saved[:1] if saved else ["python"]
+    try:
+        yield
+    finally:
+        sys.argv = saved
+
+
 def compile_kernel(key: KernelKey, keep_ptx: bool = False):
     """cute.compile one kernel for sm_90a (the target is a compile option, so this works on a
     machine without a GPU and never depends on CUTE_DSL_ARCH). Returns the compiled function;
@@ -117,10 +136,11 @@ def compile_kernel(key: KernelKey, keep_ptx: bool = False):
 
     kernel = PersistentGemmSm90(key.config, key.epilogue)
     args = fake_args(key)
-    if keep_ptx:
-        compiled = _compile_with_ptx(kernel, args)
-    else:
-        compiled = cute.compile(kernel, *args, options=f"--gpu-arch {_ARCH}")
+    with _dsl_safe_argv():
+        if keep_ptx:
+            compiled = _compile_with_ptx(kernel, args)
+        else:
+            compiled = cute.compile(kernel, *args, options=f"--gpu-arch {_ARCH}")
     return compiled
 
 
