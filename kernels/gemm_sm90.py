@@ -13,7 +13,11 @@ prefetching the next tile's A and B into the ring.
 Operand majorness is a compile-time property: A may be K-major (row-major [M, K]) or M-major,
 B may be K-major or N-major; D is row-major. M, N, K and the leading strides are dynamic, so a
 compiled kernel serves every problem size of its layout; tails are handled by TMA's bounds
-(zero-filled loads, clipped stores) and by predicates in the direct-access epilogue paths.
+(zero-filled loads, clipped stores); only the bias, read straight from global memory, needs a
+predicate.
+
+Not here (yet): a dynamic tile scheduler (atomic tile counter) and an epilogue that overlaps the
+next tile's mainloop (pingpong consumers); see NOTES.md for where the time goes.
 """
 
 from __future__ import annotations
