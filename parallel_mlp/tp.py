@@ -9,6 +9,7 @@ runs while it is on the wire.
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass
 
 import torch
@@ -51,10 +52,28 @@ def all_gather_cat(t: torch.Tensor, tp: TPGroup, dim: int) -> torch.Tensor:
     return torch.cat(parts, dim=dim)
 
 
+def _collective_device(tp: TPGroup) -> torch.device:
+    """NCCL moves only CUDA tensors; gloo takes CPU ones."""
+    if dist.get_backend(tp.group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def all_gather_objects(obj, tp: TPGroup) -> list:
-    """Every rank's picklable ``obj``, in rank order (used for the one-time config check)."""
+    """Every rank's picklable ``obj``, in rank order (used for the one-time config check).
+
+    Pickled into byte tensors by hand: ``dist.all_gather_object`` needs numpy, which is not one
+    of our dependencies.
+    """
     if tp.size == 1:
         return [obj]
-    out = [None] * tp.size
-    dist.all_gather_object(out, obj, group=tp.group)
-    return out
+    device = _collective_device(tp)
+    payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8).to(device)
+    sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(tp.size)]
+    dist.all_gather(sizes, torch.tensor([payload.numel()], device=device), group=tp.group)
+    longest = max(int(n.item()) for n in sizes)
+    padded = torch.zeros(longest, dtype=torch.uint8, device=device)
+    padded[: payload.numel()] = payload
+    parts = [torch.empty_like(padded) for _ in range(tp.size)]
+    dist.all_gather(parts, padded, group=tp.group)
+    return [pickle.loads(bytes(p[: int(n.item())].cpu().tolist())) for p, n in zip(parts, sizes)]
