@@ -65,13 +65,31 @@ class TorchBackend:
     def gemm_act(a, b, activation, bias=None, store_preact=True):
         act = get_activation(activation)
         preact = a @ b if bias is None else torch.addmm(bias, a, b)
-        postact = act.forward(preact)
+        width = preact.shape[1] // 2 if act.gated else preact.shape[1]
+        postact = preact.new_empty(preact.shape[0], width)
+        for rows in _row_chunks(preact):
+            postact[rows] = act.forward(preact[rows])
         return (preact if store_preact else None), postact
 
     @staticmethod
     def gemm_dact(a, b, preact, activation):
         act = get_activation(activation)
-        return act.backward(preact, a @ b)
+        dpostact = a @ b
+        dpreact = torch.empty_like(preact)
+        postact = torch.empty_like(dpostact)
+        for rows in _row_chunks(preact):
+            dpreact[rows], postact[rows] = act.backward(preact[rows], dpostact[rows])
+        return dpreact, postact
+
+
+# The activation math runs in fp32 with several temporaries per element; doing it a block of
+# rows at a time keeps that working set to ~256 MB instead of several times the whole tensor.
+_CHUNK_ELEMENTS = 1 << 26
+
+
+def _row_chunks(t: torch.Tensor):
+    step = max(1, _CHUNK_ELEMENTS // max(1, t.shape[1]))
+    return [slice(i, i + step) for i in range(0, t.shape[0], step)] or [slice(0, 0)]
 
 
 # ---- cute: the CuTe DSL kernels ---------------------------------------------------------------

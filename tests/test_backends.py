@@ -81,3 +81,17 @@ def test_torch_backend_is_always_torch():
 def test_unknown_backend_name():
     with pytest.raises(ValueError, match=r"backend='triton' is not known"):
         backends.check_backend_name("triton")
+
+
+@pytest.mark.parametrize("name", ["swiglu", "relu_sq"])
+def test_row_chunking_gives_the_same_bits(name, monkeypatch):
+    """The torch backend works through the activation a block of rows at a time; the blocks
+    (here several, with a ragged last one) must not change a single bit."""
+    F = 2 * N if reference.is_gated(name) else N
+    a, b = torch.randn(M, K, dtype=torch.bfloat16), torch.randn(K, F, dtype=torch.bfloat16)
+    dy, w2 = torch.randn(M, 9, dtype=torch.bfloat16), torch.randn(9, F // (2 if F != N else 1), dtype=torch.bfloat16)
+    whole = TorchBackend.gemm_act(a, b, name), TorchBackend.gemm_dact(dy, w2, a @ b, name)
+    monkeypatch.setattr(backends, "_CHUNK_ELEMENTS", 5 * F)  # 5 rows a block: 37 = 7*5 + 2
+    chunked = TorchBackend.gemm_act(a, b, name), TorchBackend.gemm_dact(dy, w2, a @ b, name)
+    for got, want in zip(sum(chunked, ()), sum(whole, ())):
+        assert torch.equal(got, want)
