@@ -1,6 +1,7 @@
 """Time the cute ops against torch (cuBLAS) on the MLP's six GEMM shapes.
 
     python -m parallel_mlp.kernels.bench_gemm [--T 8192 --d 4096 --h 14336 --act swiglu]
+                                              [--sweep] [--scheduler static|dynamic]
 
 Prints one line per GEMM: ms and TFLOP/s for torch and for ours, and the ratio. Inputs are
 random (never zeros), timings are medians of CUDA-event-timed repetitions after warm-up.
@@ -9,6 +10,8 @@ random (never zeros), timings are medians of CUDA-event-timed repetitions after 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 
 import torch
 
@@ -38,6 +41,10 @@ def main(argv=None):
     p.add_argument("--tuned", action="store_true")
     p.add_argument("--only", default=None, help="comma-separated GEMM names to run")
     p.add_argument("--sweep", action="store_true", help="time every tuning candidate config for each GEMM")
+    p.add_argument(
+        "--scheduler", choices=["static", "dynamic"], default=None,
+        help="force this tile scheduler on every config (default: each config's own, i.e. static)",
+    )
     args = p.parse_args(argv)
 
     from parallel_mlp.activations import ACTIVATIONS
@@ -77,16 +84,20 @@ def main(argv=None):
             continue
         flops = 2 * M * N * K
         if args.sweep:
-            import functools
-
             print(f"{name}: default {default_config(M, N, K).key}; torch {flops / bench(ref) / 1e9:.0f} TF/s")
             for cfg in TUNE_CANDIDATES:
+                if args.scheduler:
+                    if args.scheduler == "dynamic" and (cfg.cluster_m, cfg.cluster_n) != (1, 1):
+                        continue  # the dynamic scheduler takes 1x1 clusters only
+                    cfg = dataclasses.replace(cfg, scheduler=args.scheduler)
                 fn = functools.partial(_with_config, ours, cfg)
                 try:
                     print(f"   {cfg.key:28s} {flops / bench(fn) / 1e9:6.0f} TF/s", flush=True)
                 except Exception as e:
                     print(f"   {cfg.key:28s} failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
             continue
+        if args.scheduler:
+            ours = functools.partial(_with_scheduler, ours, args.scheduler)
         t_ref = bench(ref)
         t_ours = bench(ours)
         print(
@@ -94,6 +105,26 @@ def main(argv=None):
             f"{t_ours:8.3f} {flops / t_ours / 1e9:6.0f} | {t_ref / t_ours:5.3f}",
             flush=True,
         )
+
+
+def _with_scheduler(fn, scheduler):
+    """Run an op lambda with its usual config, but with `scheduler` (clusters made 1x1 for the
+    dynamic one, which supports no others)."""
+    from . import ops
+
+    old = ops._pick_config
+
+    def pick(*a, **k):
+        cfg = old(*a, **k)
+        if scheduler == "dynamic":
+            cfg = dataclasses.replace(cfg, cluster_m=1, cluster_n=1)
+        return dataclasses.replace(cfg, scheduler=scheduler)
+
+    ops._pick_config = pick
+    try:
+        return fn()
+    finally:
+        ops._pick_config = old
 
 
 def _with_config(fn, cfg):

@@ -39,7 +39,7 @@ class KernelKey:
     """Everything a compiled kernel is specialized on."""
 
     epilogue: EpilogueSpec
-    config: GemmConfig
+    config: GemmConfig  # tile, cluster, raster group, SMs and scheduler: all in `name` via config.key
     ab_dtype: str  # "bfloat16" | "float16"
     a_major: str  # "row" (K contiguous) | "col" (M contiguous)
     b_major: str  # of the (N, K) view of b: "row" (K contiguous) | "col" (N contiguous)
@@ -78,7 +78,9 @@ def source_fingerprint() -> str:
 
 
 def fake_args(key: KernelKey):
-    """The symbolic signature (mA, mB, mD, mPost, mPreIn, mDpre, mBias, stream) of a kernel."""
+    """The symbolic signature (mA, mB, mD, mPost, mPreIn, mDpre, mBias, mCounter, stream) of a
+    kernel; mCounter (the dynamic scheduler's int32 tile counter) is None for the static one."""
+    import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
@@ -106,7 +108,10 @@ def fake_args(key: KernelKey):
             dpre = fake_matrix(dd, "row")
         else:
             d = fake_matrix(dd, "row")
-    return a, b, d, post, prein, dpre, bias, make_fake_stream()
+    counter = None
+    if key.config.scheduler == "dynamic":
+        counter = make_fake_tensor(cutlass.Int32, (cute.sym_int32(),), (1,), assumed_align=4)
+    return a, b, d, post, prein, dpre, bias, counter, make_fake_stream()
 
 
 @contextlib.contextmanager

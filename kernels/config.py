@@ -1,7 +1,9 @@
 """Kernel configuration: what a compiled kernel is specialized on, and the shape heuristic.
 
 A :class:`GemmConfig` fixes everything that changes the generated code except the epilogue:
-CTA tile, cluster shape, rasterization group, and the SM count the persistent grid is sized for.
+CTA tile, cluster shape, rasterization group, the SM count the persistent grid is sized for, and
+the tile scheduler ("static", the default, or "dynamic": an atomic tile counter; see
+tile_scheduler.py).
 Problem sizes and strides stay dynamic, so one compiled kernel serves every shape of a layout.
 """
 
@@ -29,6 +31,9 @@ class GemmConfig:
     # tiles, walking down M inside a group, so consecutive CTAs share B tiles and A tiles in L2.
     raster_group: int = 8
     num_sms: int = DEFAULT_NUM_SMS
+    # "static": CTA c takes tiles c, c + grid, ...; "dynamic": after its first tile a CTA claims
+    # the next one from a global atomic counter (balances uneven progress; needs a 1x1 cluster).
+    scheduler: str = "static"
 
     def __post_init__(self):
         if self.tile_m not in (64, 128):
@@ -37,12 +42,22 @@ class GemmConfig:
             raise ValueError(f"tile_n={self.tile_n}: must be 64, 128, 192 or 256")
         if self.cluster_m * self.cluster_n > 4 or self.cluster_m not in (1, 2) or self.cluster_n not in (1, 2):
             raise ValueError(f"cluster=({self.cluster_m},{self.cluster_n}): each 1 or 2")
+        if self.scheduler not in ("static", "dynamic"):
+            raise ValueError(f"scheduler={self.scheduler!r}: must be 'static' or 'dynamic'")
+        if self.scheduler == "dynamic" and (self.cluster_m, self.cluster_n) != (1, 1):
+            raise ValueError(
+                f"scheduler='dynamic' with cluster=({self.cluster_m},{self.cluster_n}): the dynamic "
+                "scheduler supports 1x1 clusters only (the claimed tile would have to reach the peer CTAs)"
+            )
 
     @property
     def key(self) -> str:
+        # The scheduler is part of the name of every compiled kernel (and of its disk-cache file);
+        # the static name is unchanged from before the option existed.
+        sched = "" if self.scheduler == "static" else f"_{self.scheduler}"
         return (
             f"t{self.tile_m}x{self.tile_n}_c{self.cluster_m}x{self.cluster_n}"
-            f"_g{self.raster_group}_sm{self.num_sms}"
+            f"_g{self.raster_group}_sm{self.num_sms}{sched}"
         )
 
 

@@ -8,7 +8,10 @@ other warpgroups are consumers: they take the registers (setmaxnreg up to 232), 
 mainloop on their 64-row slice of the tile and then the epilogue, subtile by subtile, through
 shared memory and TMA stores. Both sides walk the same persistent tile sequence
 (tile_scheduler), so while the consumers run a tile's epilogue the producer is already
-prefetching the next tile's A and B into the ring.
+prefetching the next tile's A and B into the ring. With the static scheduler (default) each side
+computes the sequence itself; with the dynamic one (config.scheduler == "dynamic") the producer
+claims tiles from a global atomic counter and passes each index to the consumers through a
+shared-memory ring of tile indices.
 
 Operand majorness is a compile-time property: A may be K-major (row-major [M, K]) or M-major,
 B may be K-major or N-major; D is row-major. M, N, K and the leading strides are dynamic, so a
@@ -16,8 +19,8 @@ compiled kernel serves every problem size of its layout; tails are handled by TM
 (zero-filled loads, clipped stores); only the bias, read straight from global memory, needs a
 predicate.
 
-Not here (yet): a dynamic tile scheduler (atomic tile counter) and an epilogue that overlaps the
-next tile's mainloop (pingpong consumers); see NOTES.md for where the time goes.
+Not here (yet): an epilogue that overlaps the next tile's mainloop (pingpong consumers); see
+NOTES.md for where the time goes.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ class PersistentGemmSm90:
         self.num_mma_threads = 128 * self.num_mma_wg
         self.epi_tile = (config.tile_m, 32)
         self.max_active_clusters = config.num_sms // (config.cluster_m * config.cluster_n)
+        self.dynamic = config.scheduler == "dynamic"
 
     # ---- host-side setup (runs while tracing __call__) -----------------------------------------
     #
@@ -141,6 +145,7 @@ class PersistentGemmSm90:
         mPreIn: Optional[cute.Tensor],  # dact: preact, (M, N) or (M, 2N) gated
         mDpre: Optional[cute.Tensor],  # gated dact: dpreact (M, 2N)
         mBias: Optional[cute.Tensor],  # act: (N,)
+        mCounter: Optional[cute.Tensor],  # dynamic scheduler: (1,) int32 tile counter, 0 at launch
         stream: cuda.CUstream,
     ):
         a_dtype = mA.element_type
@@ -198,10 +203,18 @@ class PersistentGemmSm90:
         def cosize(c):
             return cute.cosize(self.ch_layout[c]) if self.ch_width[c] else 1
 
+        if cutlass.const_expr(self.dynamic and mCounter is None):
+            raise ValueError(f"{self.cfg.key}: the dynamic scheduler needs its tile counter (mCounter)")
+        # The dynamic scheduler's ring of tile indices (a 1-slot placeholder for the static one);
+        # it sits with the mbarriers, inside the 1 KB in front of the A/B ring.
+        sched_slots = tile_scheduler.SCHED_STAGES if self.dynamic else 1
+
         @cute.struct
         class SharedStorage:
             ab_mbar: cute.struct.MemRange[cutlass.Int64, self.ab_stages * 2]
             l_mbar: cute.struct.MemRange[cutlass.Int64, EPI_STAGES]
+            sched_mbar: cute.struct.MemRange[cutlass.Int64, 2 * sched_slots]
+            sched_idx: cute.struct.MemRange[cutlass.Int32, sched_slots]
             sA: cute.struct.Align[cute.struct.MemRange[a_dtype, cute.cosize(self.sA_layout)], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[b_dtype, cute.cosize(self.sB_layout)], 1024]
             sD: cute.struct.Align[cute.struct.MemRange[d_dtype, cosize("D")], 1024]
@@ -221,7 +234,7 @@ class PersistentGemmSm90:
 
         self.kernel(
             tma_a, tA, tma_b, tB, tma_d, tD, tma_p, tP, tma_h, tH, tma_x, tX, tma_l, tL,
-            mBias, m_size, n_size, self.tiled_mma, self.sA_layout, self.sB_layout,
+            mBias, mCounter, m_size, n_size, self.tiled_mma, self.sA_layout, self.sB_layout,
             self.ch_layout["D"], self.ch_layout["P"], self.ch_layout["H"], self.ch_layout["X"], self.ch_layout["L"],
             sched_params,
         ).launch(
@@ -245,6 +258,7 @@ class PersistentGemmSm90:
         tma_x: Optional[cute.CopyAtom], mX: Optional[cute.Tensor],
         tma_l: Optional[cute.CopyAtom], mL: Optional[cute.Tensor],
         mBias: Optional[cute.Tensor],
+        mCounter: Optional[cute.Tensor],
         m_size: cutlass.Int32, n_size: cutlass.Int32,
         tiled_mma: cute.TiledMma,
         sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout,
@@ -294,6 +308,10 @@ class PersistentGemmSm90:
                 for i in cutlass.range_constexpr(EPI_STAGES):
                     cute.arch.mbarrier_init(l_mbar + i, 1)
             cute.arch.mbarrier_init_fence()
+        index_pipe = s_idx = None
+        if cutlass.const_expr(self.dynamic):
+            index_pipe = tile_scheduler.make_index_pipeline(storage.sched_mbar.data_ptr(), self.num_mma_threads)
+            s_idx = storage.sched_idx.get_tensor(cute.make_layout(tile_scheduler.SCHED_STAGES))
         pipeline.pipeline_init_arrive(cluster_shape_mn=self.cluster_shape_mn, is_relaxed=True)
 
         sA = storage.sA.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
@@ -318,7 +336,10 @@ class PersistentGemmSm90:
             # ---------------- producer warpgroup ----------------
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
             if warp_idx == 0:
-                sched = tile_scheduler.create(sched_params)
+                if cutlass.const_expr(self.dynamic):
+                    sched = tile_scheduler.DynamicProducer.create(sched_params, index_pipe, s_idx, mCounter.iterator)
+                else:
+                    sched = tile_scheduler.create(sched_params)
                 work = sched.initial_work_tile_info()
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.ab_stages)
                 while work.is_valid_tile:
@@ -397,7 +418,10 @@ class PersistentGemmSm90:
             num_sub = tn // self.epi_tile[1]
             w = self.epi_tile[1]
 
-            sched = tile_scheduler.create(sched_params)
+            if cutlass.const_expr(self.dynamic):
+                sched = tile_scheduler.DynamicConsumer.create(sched_params, index_pipe, s_idx)
+            else:
+                sched = tile_scheduler.create(sched_params)
             work = sched.initial_work_tile_info()
             read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
             release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)

@@ -150,6 +150,33 @@ def _stream():
     return cuda.CUstream(torch.cuda.current_stream().cuda_stream)
 
 
+# The dynamic scheduler's tile counters, one int32 per (device, stream), created on first use.
+_counters: dict = {}
+
+
+def _tile_counter(device: torch.device) -> torch.Tensor:
+    """The dynamic scheduler's tile counter for the current stream of `device`, set to 0.
+
+    The kernel needs the counter at 0 when it starts and leaves it at the number of claims it
+    made. Zeroing it here, as a tiny memset on the launch stream right before the launch, is
+    race-free by stream order: the memset runs after the previous kernel on this stream is done
+    with the counter, and before this one starts. One counter per *stream* (not per device)
+    keeps GEMMs on two streams of one device, which may overlap, from taking each other's tiles.
+    """
+    if torch.cuda.is_current_stream_capturing():
+        # A CUDA graph records the memset and the kernel as two nodes. Each captured launch gets
+        # a counter of its own from the graph's memory pool, so two graphs captured on one
+        # stream (torch.cuda.graph reuses its capture stream) can still be replayed concurrently.
+        return torch.zeros(1, dtype=torch.int32, device=device)
+    stream = torch.cuda.current_stream(device)
+    key = (device.index, stream.cuda_stream)
+    counter = _counters.get(key)
+    if counter is None:
+        counter = _counters.setdefault(key, torch.empty(1, dtype=torch.int32, device=device))
+    counter.zero_()
+    return counter
+
+
 def _pick_config(spec, a, bk, d_dtype, config, tuned):
     m, k = a.shape
     n = bk.shape[0]
@@ -174,9 +201,10 @@ def _launch(spec: EpilogueSpec, a, bk, d=None, post=None, prein=None, dpre=None,
     )
     fn = get_kernel(key)
     with torch.cuda.device(a.device):
+        counter = _tile_counter(a.device) if cfg.scheduler == "dynamic" else None
         fn(
             _to_cute(a), _to_cute(bk), _to_cute(d), _to_cute(post), _to_cute(prein), _to_cute(dpre),
-            _to_cute(bias), _stream(),
+            _to_cute(bias), _to_cute(counter), _stream(),
         )
 
 

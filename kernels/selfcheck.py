@@ -6,7 +6,8 @@ For each variant x dtype x operand layout it runs the DSL's full compile (trace,
 NVVM, ptxas) for sm_90a with symbolic problem sizes, then checks that the PTX issues
 ``wgmma.mma_async`` and bulk tensor copies (``cp.async.bulk.tensor`` loads; stores, or
 ``cp.reduce.async.bulk.tensor`` reduce-adds for accumulation) and register reallocation
-(``setmaxnreg``). One line per variant, a summary line last; the exit status is non-zero if any
+(``setmaxnreg``); the dynamic-scheduler variants must also claim tiles with a global atomic add
+(``atom.global.add``). One line per variant, a summary line last; the exit status is non-zero if any
 variant fails. Compiles run in parallel processes (-j, default: number of CPUs).
 """
 
@@ -34,6 +35,7 @@ def variants(quick: bool = False):
     layout, every activation's act (with and without bias / preact) and dact for both dtypes, at
     the default tile; plus the other tiles and a 2x1 cluster for the plain store.
     --quick keeps one dtype's layouts and every activation once (what CI runs).
+    Both add the dynamic tile scheduler for each epilogue kind (store, accumulate, act, dact).
     """
     cfg = GemmConfig()
     out = []
@@ -58,6 +60,26 @@ def variants(quick: bool = False):
         tiles += [GemmConfig(64, 128), GemmConfig(128, 192), GemmConfig(128, 64), GemmConfig(128, 128, 2, 1)]
     for c in tiles:
         out.append(KernelKey(EpilogueSpec("store"), c, "bfloat16", "row", "row", "bfloat16"))
+    out += dynamic_variants(quick)
+    return out
+
+
+def dynamic_variants(quick: bool = False):
+    """The dynamic tile scheduler once per epilogue kind, in the layouts the MLP uses them in
+    (fc1 act, dgrad dact, wgrad accumulate); the full run adds a non-gated act/dact and a tile."""
+    dyn = GemmConfig(scheduler="dynamic")
+    out = [
+        KernelKey(EpilogueSpec("store"), dyn, "bfloat16", "row", "row", "bfloat16"),
+        KernelKey(EpilogueSpec("accumulate"), dyn, "bfloat16", "col", "col", "float32"),
+        KernelKey(EpilogueSpec("act", "swiglu"), dyn, "bfloat16", "row", "row", "bfloat16"),
+        KernelKey(EpilogueSpec("dact", "swiglu"), dyn, "bfloat16", "row", "col", "bfloat16"),
+    ]
+    if not quick:
+        out += [
+            KernelKey(EpilogueSpec("act", "gelu_tanh_approx", True, False), dyn, "float16", "row", "row", "float16", "float16"),
+            KernelKey(EpilogueSpec("dact", "relu"), dyn, "float16", "row", "col", "float16"),
+            KernelKey(EpilogueSpec("store"), GemmConfig(128, 128, scheduler="dynamic"), "bfloat16", "row", "col", "float32"),
+        ]
     return out
 
 
@@ -84,11 +106,17 @@ def check_one(key: KernelKey):
             missing.append("cp.reduce.async.bulk.tensor (TMA reduce-add)")
         if "setmaxnreg" not in ptx:
             missing.append("setmaxnreg")
+        dynamic = key.config.scheduler == "dynamic"
+        if dynamic and "atom.global.add" not in ptx:
+            missing.append("atom.global.add (dynamic tile counter)")
         if missing:
             return False, "PTX lacks " + ", ".join(missing), time.time() - t
         n_mma = ptx.count("wgmma.mma_async")
         n_tma = ptx.count("cp.async.bulk.tensor") + ptx.count("cp.reduce.async.bulk.tensor")
-        return True, f"wgmma x{n_mma}, bulk tensor copies x{n_tma}", time.time() - t
+        msg = f"wgmma x{n_mma}, bulk tensor copies x{n_tma}"
+        if dynamic:
+            msg += f", atom.global.add x{ptx.count('atom.global.add')} (tile counter)"
+        return True, msg, time.time() - t
     except Exception as e:  # report, don't stop: every variant gets its line
         msg = str(e).strip().splitlines()
         return False, f"{type(e).__name__}: {' '.join(msg[:3])[:300]}", time.time() - t

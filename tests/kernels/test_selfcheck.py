@@ -1,7 +1,8 @@
 """CI: the compile-only selfcheck (sm_90a PTX with wgmma and TMA), no GPU needed.
 
 Runs the --quick subset (every activation's act and dact, every operand layout of the plain and
-accumulating GEMM, three tile/cluster configs) in a subprocess, as a user would.
+accumulating GEMM, three tile/cluster configs, the dynamic tile scheduler for each epilogue kind)
+in a subprocess, as a user would.
 """
 
 import os
@@ -24,6 +25,11 @@ def test_selfcheck_compile_only_quick(tmp_path):
     lines = [l for l in proc.stdout.splitlines() if l.startswith(("ok", "FAIL"))]
     assert len(lines) >= 20 and all(l.startswith("ok") for l in lines), out[-4000:]
     assert "selfcheck:" in proc.stdout.splitlines()[-1]
+    # The dynamic scheduler compiled for every epilogue kind, with its atomic tile counter.
+    dynamic = [l for l in lines if "_dynamic" in l]
+    for kind in ("store", "accumulate", "act", "dact"):
+        assert any(l.split()[1].startswith(kind) for l in dynamic), (kind, dynamic)
+    assert all("atom.global.add x" in l for l in dynamic), dynamic
 
 
 def test_selfcheck_reports_failure(monkeypatch):

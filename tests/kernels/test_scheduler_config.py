@@ -1,0 +1,31 @@
+"""The tile-scheduler option of GemmConfig: validation and the compiled-kernel cache key (CPU)."""
+
+import pytest
+
+from parallel_mlp.kernels.compile import KernelKey, _export_name
+from parallel_mlp.kernels.config import GemmConfig
+from parallel_mlp.kernels.epilogue import EpilogueSpec
+
+
+def test_static_is_the_default_and_keeps_its_key():
+    cfg = GemmConfig()
+    assert cfg.scheduler == "static"
+    # Unchanged from before the option existed, so the static kernels' names stay the same.
+    assert cfg.key == "t128x256_c1x1_g8_sm132"
+
+
+def test_dynamic_and_static_never_share_a_kernel():
+    spec = EpilogueSpec("store")
+    static = KernelKey(spec, GemmConfig(), "bfloat16", "row", "row", "bfloat16")
+    dynamic = KernelKey(spec, GemmConfig(scheduler="dynamic"), "bfloat16", "row", "row", "bfloat16")
+    assert static != dynamic and dynamic not in {static: None}  # in-memory cache
+    assert static.name != dynamic.name and "dynamic" in dynamic.name
+    assert _export_name(static) != _export_name(dynamic)  # on-disk cache
+
+
+def test_scheduler_validation():
+    with pytest.raises(ValueError, match="scheduler"):
+        GemmConfig(scheduler="round_robin")
+    with pytest.raises(ValueError, match="1x1 clusters"):
+        GemmConfig(cluster_m=2, scheduler="dynamic")
+    GemmConfig(128, 128, scheduler="dynamic")  # any tile with a 1x1 cluster is fine
