@@ -150,31 +150,18 @@ def _stream():
     return cuda.CUstream(torch.cuda.current_stream().cuda_stream)
 
 
-# The dynamic scheduler's tile counters, one int32 per (device, stream), created on first use.
-_counters: dict = {}
-
-
 def _tile_counter(device: torch.device) -> torch.Tensor:
-    """The dynamic scheduler's tile counter for the current stream of `device`, set to 0.
+    """A zeroed int32 tile counter for one launch of a dynamic-scheduler kernel.
 
-    The kernel needs the counter at 0 when it starts and leaves it at the number of claims it
-    made. Zeroing it here, as a tiny memset on the launch stream right before the launch, is
-    race-free by stream order: the memset runs after the previous kernel on this stream is done
-    with the counter, and before this one starts. One counter per *stream* (not per device)
-    keeps GEMMs on two streams of one device, which may overlap, from taking each other's tiles.
+    The kernel needs its counter at 0 when it starts (and leaves it at the number of claims it
+    made). A fresh `torch.zeros(1)` per launch, on the launch stream, is the simplest race-free
+    choice: the caching allocator hands the block out again only in stream order (after this
+    kernel) and to no other stream meanwhile, so launches from two streams, two threads, or two
+    CUDA graphs (captured as a memset node + the kernel, the counter held by the graph's pool)
+    never share a live counter. A shared counter reset with `zero_()` would need all three of
+    those cases locked or separated. The cost is the memset launch a reset would cost anyway.
     """
-    if torch.cuda.is_current_stream_capturing():
-        # A CUDA graph records the memset and the kernel as two nodes. Each captured launch gets
-        # a counter of its own from the graph's memory pool, so two graphs captured on one
-        # stream (torch.cuda.graph reuses its capture stream) can still be replayed concurrently.
-        return torch.zeros(1, dtype=torch.int32, device=device)
-    stream = torch.cuda.current_stream(device)
-    key = (device.index, stream.cuda_stream)
-    counter = _counters.get(key)
-    if counter is None:
-        counter = _counters.setdefault(key, torch.empty(1, dtype=torch.int32, device=device))
-    counter.zero_()
-    return counter
+    return torch.zeros(1, dtype=torch.int32, device=device)
 
 
 def _pick_config(spec, a, bk, d_dtype, config, tuned):

@@ -324,7 +324,7 @@ def test_dynamic_scheduler_dact(act, shape, tile):
 
 
 def test_dynamic_scheduler_two_streams():
-    """GEMMs on two streams of one device may overlap; each stream has its own tile counter."""
+    """GEMMs on two streams of one device may overlap; each launch has its own tile counter."""
     from parallel_mlp.kernels import ops
 
     static, dynamic = _static_and_dynamic((128, 128))
@@ -344,6 +344,36 @@ def test_dynamic_scheduler_two_streams():
     torch.cuda.synchronize()
     for o in outs_main + outs_side:
         assert torch.equal(o, want)
+
+
+def test_dynamic_scheduler_two_threads():
+    """Two threads launching on one stream interleave their counter resets and launches."""
+    import threading
+
+    from parallel_mlp.kernels import ops
+
+    static, dynamic = _static_and_dynamic((128, 128))
+    a = operand(2048, 512, "row", torch.bfloat16, 512 ** -0.5)
+    b = operand(512, 3072, "col", torch.bfloat16)
+    want = ops.gemm(a, b, config=static)
+    ops.gemm(a, b, config=dynamic)  # compile before the threads start
+    outs, errors = [], []
+
+    def worker():
+        try:
+            for _ in range(8):
+                outs.append(ops.gemm(a, b, config=dynamic))
+        except Exception as e:  # surfaced below: an exception in a thread does not fail the test
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    torch.cuda.synchronize()
+    assert not errors, errors
+    assert len(outs) == 16 and all(torch.equal(o, want) for o in outs)
 
 
 def test_dynamic_scheduler_cuda_graph():
