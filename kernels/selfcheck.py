@@ -34,7 +34,7 @@ def variants(quick: bool = False):
     Full: plain store for every dtype x layout x output dtype, the fp32 accumulate for every dtype x
     layout, every activation's act (with and without bias / preact) and dact for both dtypes, at
     the default tile; plus the other tiles and a 2x1 cluster for the plain store.
-    --quick keeps one dtype's layouts and every activation once (what CI runs).
+    --quick keeps one dtype's layouts and every activation once (a fast local check; CI runs all).
     Both add the dynamic tile scheduler for each epilogue kind (store, accumulate, act, dact).
     """
     cfg = GemmConfig()

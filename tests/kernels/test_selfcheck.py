@@ -1,8 +1,8 @@
 """CI: the compile-only selfcheck (sm_90a PTX with wgmma and TMA), no GPU needed.
 
-Runs the --quick subset (every activation's act and dact, every operand layout of the plain and
-accumulating GEMM, three tile/cluster configs, the dynamic tile scheduler for each epilogue kind)
-in a subprocess, as a user would.
+Runs the full selfcheck (every epilogue variant x dtype x operand layout, the tile/cluster configs
+and the dynamic tile scheduler for each epilogue kind) in a subprocess, as a user would: about
+80-130 s on two cores, well inside CI's budget.
 """
 
 import os
@@ -14,16 +14,16 @@ import pytest
 pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
 
 
-def test_selfcheck_compile_only_quick(tmp_path):
+def test_selfcheck_compile_only(tmp_path):
     env = dict(os.environ, PARALLEL_MLP_CACHE_DIR=str(tmp_path))
     proc = subprocess.run(
-        [sys.executable, "-m", "parallel_mlp.kernels.selfcheck", "--compile-only", "--quick"],
-        capture_output=True, text=True, timeout=900, env=env,
+        [sys.executable, "-m", "parallel_mlp.kernels.selfcheck", "--compile-only"],
+        capture_output=True, text=True, timeout=1800, env=env,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     lines = [l for l in proc.stdout.splitlines() if l.startswith(("ok", "FAIL"))]
-    assert len(lines) >= 20 and all(l.startswith("ok") for l in lines), out[-4000:]
+    assert len(lines) >= 80 and all(l.startswith("ok") for l in lines), out[-4000:]
     assert "selfcheck:" in proc.stdout.splitlines()[-1]
     # The dynamic scheduler compiled for every epilogue kind, with its atomic tile counter.
     dynamic = [l for l in lines if "_dynamic" in l]
