@@ -15,21 +15,11 @@ import functools
 
 import torch
 
+from .tuning import median_ms
+
 
 def bench(fn, reps=30, warmup=5):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        ts.append(s.elapsed_time(e))
-    ts.sort()
-    return ts[len(ts) // 2]
+    return median_ms(fn, reps=reps, warmup=warmup)
 
 
 def main(argv=None):

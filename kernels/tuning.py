@@ -47,8 +47,11 @@ def _save():
         pass
 
 
-def _time(fn, reps=10):
-    fn()  # compile + warm
+def median_ms(fn, reps=10, warmup=1):
+    """Median CUDA-event time of ``fn`` in ms, after ``warmup`` untimed calls (the first call
+    also compiles). Shared by tuning and ``bench_gemm``."""
+    for _ in range(warmup):
+        fn()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
@@ -89,7 +92,7 @@ def tuned_config(spec, a, bk, d_dtype, num_sms: int) -> GemmConfig:
             pre = torch.randn(m, width, dtype=a.dtype, device=a.device)
             run = lambda: ops.gemm_dact(a, b, pre, spec.activation, config=cfg)  # noqa: E731
         try:
-            t = _time(run)
+            t = median_ms(run)
         except Exception:
             continue  # a candidate that does not build or launch here is simply not chosen
         if t < best_t:
