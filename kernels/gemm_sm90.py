@@ -264,7 +264,7 @@ class PersistentGemmSm90:
         sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout,
         sD_layout: cute.ComposedLayout, sP_layout: cute.ComposedLayout, sH_layout: cute.ComposedLayout,
         sX_layout: cute.ComposedLayout, sL_layout: cute.ComposedLayout,
-        sched_params: utils.PersistentTileSchedulerParams,
+        sched_params: tile_scheduler.RasterParams,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())

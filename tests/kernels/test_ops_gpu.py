@@ -398,3 +398,27 @@ def test_dynamic_scheduler_cuda_graph():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, want)
+
+
+# Tile columns 1, 7, 8, 9 and 29 (with 128-wide tiles) around the rasterization group of 8, an
+# odd number of tile rows with an M tail, and every cluster shape: the grouped rasterization must
+# name each output tile exactly once (a missed tile leaves the NaN poison, a repeated one adds
+# twice into the accumulator), and the grid must never exceed the number of tiles.
+@pytest.mark.parametrize("cluster", [(1, 1), (2, 1), (1, 2)])
+@pytest.mark.parametrize("group", [8, 3])
+@pytest.mark.parametrize("n", [128, 7 * 128 - 8, 8 * 128, 9 * 128, 29 * 128 + 64])
+def test_rasterization_covers_every_tile_once(n, group, cluster):
+    from parallel_mlp.kernels import ops
+    from parallel_mlp.kernels.config import GemmConfig
+
+    cfg = GemmConfig(128, 128, *cluster, group)
+    m, k = 5 * 128 + 17, 256
+    a = operand(m, k, "row", torch.bfloat16, k ** -0.5)
+    b = operand(k, n, "row", torch.bfloat16)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    ops.gemm(a, b, out=out, config=cfg)
+    check(out, a.float() @ b.float(), a @ b, f"store {n} g{group} c{cluster}")
+    base = torch.randn(m, n, device="cuda")
+    acc = base.clone()
+    ops.gemm(a, b, out=acc, accumulate=True, config=cfg)
+    check(acc, base + a.float() @ b.float(), base + (a @ b).float(), f"accumulate {n} g{group} c{cluster}")
