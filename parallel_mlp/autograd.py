@@ -7,7 +7,7 @@ Forward::
 
 Backward::
 
-    [recompute: preact = gemm_act(x, W1_r.T, act, b1_r)]  # the very op of forward: same bits
+    [recompute: preact = x @ W1_r.T (+ b1_r)]            # bit-identical to forward's preact
     dpreact, postact = gemm_dact(dy, W2_r, preact, act)   # postact recomputed, never stored
     dW2_r = dy.T @ postact
     dx    = dpreact @ W1_r  -> all_reduce started async
@@ -79,7 +79,15 @@ class ParallelMLPFunction(torch.autograd.Function):
         dy2d = dy.reshape(-1, dy.shape[-1]).to(x2d.dtype)
         ops = resolve(backend, x2d, w1c, w2c, dy2d)
         if ctx.recompute:
-            preact, _ = ops.gemm_act(x2d, w1c.t(), act.name, bias=b1c, store_preact=True)
+            if b1c is None:
+                # Only preact is needed. A plain GEMM of the same shape runs the same kernel
+                # config and mainloop as forward's gemm_act and rounds the same fp32 accumulator
+                # once, so it gives the same bits, without writing a postact nobody reads.
+                preact = ops.gemm(x2d, w1c.t())
+            else:
+                # With a bias, gemm_act rounds (acc + b1) once; a GEMM then a bias add would
+                # round twice. Replay the forward's own op instead.
+                preact, _ = ops.gemm_act(x2d, w1c.t(), act.name, bias=b1c, store_preact=True)
         dpreact, postact = ops.gemm_dact(dy2d, w2c, preact, act.name)
         del preact
 

@@ -96,6 +96,24 @@ def test_bitwise_deterministic_run_to_run():
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("bias", [False, True])
+def test_recompute_is_bitwise_default_with_and_without_bias(bias):
+    """Without b1 the backward replays fc1 as a plain GEMM, with b1 as gemm_act: both must give
+    forward's preact bits, so every output and gradient equals the default mode's."""
+    x = torch.randn(37, 24, dtype=torch.bfloat16)
+    dy = torch.randn(37, 24, dtype=torch.bfloat16)
+    runs = []
+    for recompute in (False, True):
+        torch.manual_seed(0)
+        mlp = ParallelMLP(24, 40, activation="swiglu", bias1=bias, recompute=recompute, dtype=torch.bfloat16)
+        xi = x.clone().requires_grad_()
+        y = mlp(xi)
+        y.backward(dy)
+        runs.append([y, xi.grad] + [p.grad for p in mlp.parameters()])
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+
+
 def _bf16_tolerance_case(rank, world):
     """DESIGN.md numerics: ours in bf16 at TP=world is within 2x PyTorch's own bf16 error
     (plus a small slack) of the fp64 reference, for the output and every gradient."""
