@@ -223,7 +223,8 @@ def spin_up(ctx: Ctx, fn, seconds: float) -> None:
 def bench_ceiling(ctx: Ctx, n: int) -> dict:
     """cuBLAS n^3 in our dtype: the rate this run can hope for, measured, not from a datasheet."""
     a, b = ctx.rand(n, n), ctx.rand(n, n)
-    spin_up(ctx, lambda: torch.mm(a, b), 1.0 if ctx.cuda else 0.0)
+    # An idle H200 sits near 345 MHz; a few seconds of GEMMs bring the clocks up before timing.
+    spin_up(ctx, lambda: torch.mm(a, b), 3.0 if ctx.cuda else 0.0)
     out = time_calls(ctx, lambda i: torch.mm(a, b))
     return with_tflops(out, 2.0 * n ** 3) | {"size": n}
 
@@ -671,10 +672,14 @@ COLD_START_CHILD = r"""
 import json, os, sys, time
 t0 = float(os.environ["PMLP_T0"])
 import torch
+t_torch = time.time() - t0
 import parallel_mlp
 t_import = time.time() - t0
 act, h, d, T, backend, device, dtype = sys.argv[1:8]
 h, d, T, dtype = int(h), int(d), int(T), getattr(torch, dtype)
+if device.startswith("cuda"):
+    torch.empty(1, device=device)  # the CUDA context, timed on its own
+t_cuda = time.time() - t0
 m = parallel_mlp.ParallelMLP(d, h, activation=act, backend=backend, device="meta", dtype=dtype)
 m = m.to_empty(device=device)
 with torch.no_grad():
@@ -682,18 +687,38 @@ with torch.no_grad():
         p.normal_(0, d ** -0.5)
 x = torch.randn(T, d, device=device, dtype=dtype, requires_grad=True)
 dy = torch.randn(T, d, device=device, dtype=dtype)
+if device.startswith("cuda"):
+    torch.cuda.synchronize()
 t_ready = time.time() - t0
-m(x).backward(dy)
+prof_path = os.environ.get("PMLP_COLD_PROFILE")
+if prof_path:
+    import cProfile
+    prof = cProfile.Profile()
+    prof.enable()
+y = m(x)
+if device.startswith("cuda"):
+    torch.cuda.synchronize()
+t_fwd = time.time() - t0
+y.backward(dy)
 if device.startswith("cuda"):
     torch.cuda.synchronize()
 t_first = time.time() - t0
-print("PMLP_COLD_START " + json.dumps(dict(import_s=t_import, ready_s=t_ready, first_fwd_bwd_s=t_first)))
+if prof_path:
+    prof.disable()
+    prof.dump_stats(prof_path)
+print("PMLP_COLD_START " + json.dumps(dict(torch_import_s=t_torch, import_s=t_import, cuda_init_s=t_cuda,
+                                           ready_s=t_ready, first_fwd_s=t_fwd, first_fwd_bwd_s=t_first)))
 """
 
 
-def cold_start_once(ctx: Ctx, backend: str, act: str, h: int, timeout: float) -> dict:
+def cold_start_once(ctx: Ctx, backend: str, act: str, h: int, timeout: float,
+                    profile: str | None = None) -> dict:
+    """One fresh interpreter; with `profile`, a cProfile of its first fwd+bwd is written there."""
     repo_root = str(Path(__file__).resolve().parent.parent)
     env = dict(os.environ, PMLP_T0=repr(time.time()))
+    env.pop("PMLP_COLD_PROFILE", None)
+    if profile:
+        env["PMLP_COLD_PROFILE"] = profile
     env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_root, env.get("PYTHONPATH")) if p)
     dtype = str(ctx.dtype).removeprefix("torch.")
     argv = [sys.executable, "-c", COLD_START_CHILD, act, str(h), str(ctx.d_model),
@@ -713,10 +738,14 @@ def bench_cold_start(ctx: Ctx, backend: str) -> dict:
     """Twice: the first run may fill the on-disk kernel cache, the second is what a new training
     process pays with the cache warm, and is the number reported."""
     act, h = ctx.cold_start_config
+    # PMLP_COLD_PROFILE_DIR=DIR: also write DIR/cold_start_<backend>.prof (cProfile of the warm
+    # run's first fwd+bwd), to see where a new process spends its time.
+    prof_dir = os.environ.get("PMLP_COLD_PROFILE_DIR")
     runs = []
-    for _ in range(2):
+    for i in range(2):
         timeout = max(10.0, min(180.0, ctx.time_left()))
-        runs.append(cold_start_once(ctx, backend, act, h, timeout))
+        profile = str(Path(prof_dir) / f"cold_start_{backend}.prof") if prof_dir and i == 1 else None
+        runs.append(cold_start_once(ctx, backend, act, h, timeout, profile))
     return {"config": config_label(act, h), "backend": backend, "runs": runs,
             "first_fwd_bwd_s": runs[-1]["first_fwd_bwd_s"]}
 
@@ -750,7 +779,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="what 'ours' runs on (default cute)")
     p.add_argument("--iters", type=int, default=None, help="timed calls per row (default 30)")
     p.add_argument("--warmup", type=int, default=None, help="untimed calls first (default 5)")
-    p.add_argument("--only", choices=["gemms", "mlp", "all"], default="all")
+    p.add_argument("--only", choices=["gemms", "mlp", "cold-start", "all"], default="all")
     p.add_argument("--skip-compile", action="store_true", help="no torch.compile baseline")
     p.add_argument("--skip-cold-start", action="store_true", help="no cold-start subprocesses")
     p.add_argument("--json", default="bench.json", help="where to write every number")
@@ -860,9 +889,10 @@ def run_single(args: argparse.Namespace) -> dict:
         sections += [section_mlp]
     if args.only in ("gemms", "all"):
         sections += [section_gemms, section_fused]
-    if args.only in ("mlp", "all"):
+    if args.only in ("mlp", "all", "cold-start"):
         if not args.skip_cold_start:
             sections += [section_cold_start]
+    if args.only in ("mlp", "all"):
         if not args.skip_compile:
             sections += [section_compile]
     for section in sections:
