@@ -3,7 +3,9 @@
 A :class:`GemmConfig` fixes everything that changes the generated code except the epilogue:
 CTA tile, cluster shape, rasterization group, the SM count the persistent grid is sized for, and
 the tile scheduler ("static", the default, or "dynamic": an atomic tile counter; see
-tile_scheduler.py).
+tile_scheduler.py) and the consumer schedule ("cooperative", the default: two warpgroups split
+one tile; or "pingpong": each warpgroup owns a whole tile and the two alternate, see
+gemm_sm90.py).
 Problem sizes and strides stay dynamic, so one compiled kernel serves every shape of a layout.
 """
 
@@ -20,6 +22,9 @@ DEFAULT_NUM_SMS = 132
 # row, which is what TMA and WGMMA both like best.
 TILE_K = 64
 
+# Pingpong: most fp32 accumulators one consumer thread may hold (one warpgroup owns a whole tile).
+PINGPONG_MAX_ACC_REGS = 128
+
 
 @dataclass(frozen=True)
 class GemmConfig:
@@ -34,6 +39,11 @@ class GemmConfig:
     # "static": CTA c takes tiles c, c + grid, ...; "dynamic": after its first tile a CTA claims
     # the next one from a global atomic counter (balances uneven progress; needs a 1x1 cluster).
     scheduler: str = "static"
+    # "cooperative": both consumer warpgroups work on one tile_m x tile_n tile (tile_m / 2 rows
+    # each) and then both run its epilogue, so the tensor cores idle during every epilogue.
+    # "pingpong": tile_m x tile_n is ONE warpgroup's tile; the two warpgroups take alternate tiles
+    # and their mainloops alternate, so one's epilogue overlaps the other's mainloop.
+    consumers: str = "cooperative"
 
     def __post_init__(self):
         if self.tile_m not in (64, 128):
@@ -49,15 +59,29 @@ class GemmConfig:
                 f"scheduler='dynamic' with cluster=({self.cluster_m},{self.cluster_n}): the dynamic "
                 "scheduler supports 1x1 clusters only (the claimed tile would have to reach the peer CTAs)"
             )
+        if self.consumers not in ("cooperative", "pingpong"):
+            raise ValueError(f"consumers={self.consumers!r}: must be 'cooperative' or 'pingpong'")
+        if self.consumers == "pingpong":
+            # One warpgroup holds the whole tile's fp32 accumulators: tile_m * tile_n / 128 per
+            # thread. Past 128 the consumer (232 registers) would spill in the mainloop.
+            acc = self.tile_m * self.tile_n // 128
+            if acc > PINGPONG_MAX_ACC_REGS:
+                raise ValueError(
+                    f"consumers='pingpong' with tile {self.tile_m}x{self.tile_n}: one warpgroup would "
+                    f"hold {acc} fp32 accumulators per thread; the rule is tile_m * tile_n / 128 <= "
+                    f"{PINGPONG_MAX_ACC_REGS} (e.g. 128x128 or 64x256)"
+                )
 
     @property
     def key(self) -> str:
         # The scheduler is part of the name of every compiled kernel (and of its disk-cache file);
         # the static name is unchanged from before the option existed.
+        # Likewise the consumer schedule: cooperative names are unchanged.
         sched = "" if self.scheduler == "static" else f"_{self.scheduler}"
+        cons = "" if self.consumers == "cooperative" else f"_{self.consumers}"
         return (
             f"t{self.tile_m}x{self.tile_n}_c{self.cluster_m}x{self.cluster_n}"
-            f"_g{self.raster_group}_sm{self.num_sms}{sched}"
+            f"_g{self.raster_group}_sm{self.num_sms}{sched}{cons}"
         )
 
 
@@ -87,4 +111,15 @@ TUNE_CANDIDATES = (
     GemmConfig(128, 256, 2, 1, 16),
     GemmConfig(128, 128, 2, 1, 8),
     GemmConfig(128, 192, 1, 1, 8),
+)
+
+
+# Pingpong candidates, kept apart from TUNE_CANDIDATES until they are timed on a GPU
+# (`python -m parallel_mlp.kernels.bench_gemm --sweep --consumers pingpong`); the tile is one
+# warpgroup's.
+PINGPONG_CANDIDATES = (
+    GemmConfig(128, 128, 1, 1, 8, consumers="pingpong"),
+    GemmConfig(128, 128, 2, 1, 8, consumers="pingpong"),
+    GemmConfig(64, 256, 1, 1, 8, consumers="pingpong"),
+    GemmConfig(64, 256, 2, 1, 8, consumers="pingpong"),
 )

@@ -19,8 +19,15 @@ compiled kernel serves every problem size of its layout; tails are handled by TM
 (zero-filled loads, clipped stores); only the bias, read straight from global memory, needs a
 predicate.
 
-Not here (yet): an epilogue that overlaps the next tile's mainloop (pingpong consumers); see
-NOTES.md for where the time goes.
+Consumer schedules (config.consumers):
+- "cooperative" (default): both consumer warpgroups split one tile (64 rows each) and both run
+  its epilogue, so the tensor cores idle during every epilogue.
+- "pingpong": the tile is one warpgroup's. Consumer warpgroup w takes tiles w, w + 2, ... of the
+  CTA's sequence; named barriers make the two mainloops alternate (mainloop order) and the two
+  epilogues alternate (epilogue order: they share the epilogue smem and its TMA stores), so one
+  warpgroup's epilogue runs while the other's WGMMAs keep the tensor cores busy. Each warpgroup
+  has its own store warp, its own 128-thread epilogue barrier and its own preact (dact) TMA-load
+  ring. See _consume_pingpong.
 """
 
 from __future__ import annotations
@@ -52,6 +59,13 @@ PRODUCER_REGS = 40
 CONSUMER_REGS = 232
 EPI_STAGES = 2
 
+# Named barrier IDs (0 is __syncthreads). Cooperative: 1 = the 256 consumer threads' epilogue
+# barrier. Pingpong: 1 + w = warpgroup w's own epilogue barrier (128 threads); the mainloop and
+# epilogue order barriers (256 threads: one warpgroup waits, the other arrives) at base + w.
+PP_EPI_BARRIER = 1
+PP_MMA_ORDER = 3
+PP_EPI_ORDER = 5
+
 
 class PersistentGemmSm90:
     def __init__(self, config: GemmConfig, epilogue: EpilogueSpec):
@@ -59,9 +73,12 @@ class PersistentGemmSm90:
         self.epi = epilogue
         self.tile_shape_mnk = (config.tile_m, config.tile_n, TILE_K)
         self.cluster_shape_mn = (config.cluster_m, config.cluster_n)
-        # Two consumer warpgroups split a 128-row tile (64 rows each); a 64-row tile needs one.
-        self.atom_layout_mnk = (2, 1, 1) if config.tile_m == 128 else (1, 1, 1)
-        self.num_mma_wg = math.prod(self.atom_layout_mnk)
+        self.pingpong = config.consumers == "pingpong"
+        # Cooperative: two consumer warpgroups split a 128-row tile (64 rows each); a 64-row tile
+        # needs one. Pingpong: the tiled MMA is one warpgroup's (a 128-row tile is two m64 atoms
+        # along M, run by the same warpgroup), and there are always two consumer warpgroups.
+        self.atom_layout_mnk = (2, 1, 1) if config.tile_m == 128 and not self.pingpong else (1, 1, 1)
+        self.num_mma_wg = 2 if self.pingpong else math.prod(self.atom_layout_mnk)
         self.num_threads = 128 * (1 + self.num_mma_wg)
         self.num_mma_threads = 128 * self.num_mma_wg
         self.epi_tile = (config.tile_m, 32)
@@ -95,8 +112,12 @@ class PersistentGemmSm90:
         dtypes = {"D": d_dtype, "P": post_dtype, "H": post_dtype, "X": d_dtype, "L": d_dtype}
         # SharedStorage: mbarriers (padded to the 1 KB alignment of what follows), the A/B ring,
         # then one 1 KB-aligned buffer per channel; an absent channel still takes its 1 KB slot.
+        # Pingpong: the output channels are shared by the two warpgroups (their epilogues take
+        # turns), but each has its own preact ring (L), loaded before its mainloop.
+        self.l_stages = EPI_STAGES * (2 if self.pingpong else 1)
+        stages = {c: (self.l_stages if c == "L" else EPI_STAGES) for c in widths}
         epi_bytes = sum(
-            tm * w * dtypes[c].width // 8 * EPI_STAGES if w else 1024 for c, w in widths.items()
+            tm * w * dtypes[c].width // 8 * stages[c] if w else 1024 for c, w in widths.items()
         )
         stage_bytes = (tm * tk) * a_dtype.width // 8 + (tn * tk) * b_dtype.width // 8
         ab_stages = min((SMEM_CAPACITY - epi_bytes - 1024) // stage_bytes, 8)
@@ -108,7 +129,7 @@ class PersistentGemmSm90:
         row = LayoutEnum.ROW_MAJOR
         # Absent channels get a minimal placeholder layout (never allocated beyond one element).
         self.ch_layout = {
-            c: sm90_utils.make_smem_layout_epi(dtypes[c], row, (tm, w if w else 32), EPI_STAGES)
+            c: sm90_utils.make_smem_layout_epi(dtypes[c], row, (tm, w if w else 32), stages[c])
             for c, w in widths.items()
         }
         self.ch_width = widths
@@ -212,7 +233,7 @@ class PersistentGemmSm90:
         @cute.struct
         class SharedStorage:
             ab_mbar: cute.struct.MemRange[cutlass.Int64, self.ab_stages * 2]
-            l_mbar: cute.struct.MemRange[cutlass.Int64, EPI_STAGES]
+            l_mbar: cute.struct.MemRange[cutlass.Int64, self.l_stages]
             sched_mbar: cute.struct.MemRange[cutlass.Int64, 2 * sched_slots]
             sched_idx: cute.struct.MemRange[cutlass.Int32, sched_slots]
             sA: cute.struct.Align[cute.struct.MemRange[a_dtype, cute.cosize(self.sA_layout)], 1024]
@@ -290,8 +311,9 @@ class PersistentGemmSm90:
         tx_bytes = cute.size_in_bytes(self.a_dtype, cute.slice_(sA_layout, (None, None, 0))) + cute.size_in_bytes(
             self.b_dtype, cute.slice_(sB_layout, (None, None, 0))
         )
-        # Every consumer warp of every CTA that reads a multicast slice must release it.
-        consumer_arrivals = (cm + cn - 1) * self.num_mma_wg * 4
+        # Every consumer warp of every CTA that reads a multicast slice must release it; in
+        # pingpong each stage belongs to one warpgroup's tile, so only its 4 warps release it.
+        consumer_arrivals = (cm + cn - 1) * (1 if self.pingpong else self.num_mma_wg) * 4
         ab_pipeline = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.ab_mbar.data_ptr(),
             num_stages=self.ab_stages,
@@ -305,7 +327,7 @@ class PersistentGemmSm90:
         if cutlass.const_expr(has["L"]):
             # The preact ring's "full" barriers: one arrival (the thread that arms the bytes).
             if tidx == 0:
-                for i in cutlass.range_constexpr(EPI_STAGES):
+                for i in cutlass.range_constexpr(self.l_stages):
                     cute.arch.mbarrier_init(l_mbar + i, 1)
             cute.arch.mbarrier_init_fence()
         index_pipe = s_idx = None
@@ -358,140 +380,357 @@ class PersistentGemmSm90:
         else:
             # ---------------- consumer warpgroups ----------------
             cute.arch.setmaxregister_increase(CONSUMER_REGS)
-            mma_tidx = tidx - 128
-            thr_mma = tiled_mma.get_slice(mma_tidx)
-            tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
-            tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
-
-            # Each accumulator's coordinates: in the tile (static shape) for the smem channels of
-            # other widths, and in the problem for the bias.
-            tCcT = thr_mma.partition_C(cute.make_identity_tensor((tm, tn)))
-            gcG = cute.local_tile(cute.make_identity_tensor((m_size, n_size)), (tm, tn), (None, None))
-            acc = cute.make_rmem_tensor(tCcT.shape, self.acc_dtype)
-
-            # Registers -> smem for the acc-shaped channels: stmatrix (16-bit) or plain stores.
-            row = LayoutEnum.ROW_MAJOR
-            c_atom_d = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.d_dtype)
-            r2s_d = cute.make_tiled_copy_S(
-                sm90_utils.get_smem_store_op(row, self.d_dtype, self.acc_dtype),
-                cute.make_tiled_copy_C_atom(c_atom_d, tiled_mma),
-            )
-            c_atom_p = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.post_dtype)
-            r2s_p = cute.make_tiled_copy_S(
-                sm90_utils.get_smem_store_op(row, self.post_dtype, self.acc_dtype),
-                cute.make_tiled_copy_C_atom(c_atom_p, tiled_mma),
-            )
-            thr_r2s_d = r2s_d.get_slice(mma_tidx)
-            thr_r2s_p = r2s_p.get_slice(mma_tidx)
-
-            sD = storage.sD.get_tensor(sD_layout.outer, swizzle=sD_layout.inner)
-            sP = storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)
-            sH = storage.sH.get_tensor(sH_layout.outer, swizzle=sH_layout.inner)
-            sX = storage.sX.get_tensor(sX_layout.outer, swizzle=sX_layout.inner)
-            sL = storage.sL.get_tensor(sL_layout.outer, swizzle=sL_layout.inner)
-            tRS_sD = thr_r2s_d.partition_D(sD)
-            tRS_sP = thr_r2s_p.partition_D(sP)
-            tRS_acc = r2s_d.retile(acc)
-            sub_shape = thr_r2s_d.partition_S(sD).shape[:3]
-            S = cute.size(sub_shape)
-            rAcc = cute.make_rmem_tensor(sub_shape, self.acc_dtype)
-            rD = cute.make_rmem_tensor(sub_shape, self.acc_dtype)
-            rP = cute.make_rmem_tensor(sub_shape, self.acc_dtype)
-            rD_out = cute.make_rmem_tensor(sub_shape, self.d_dtype)
-            rP_out = cute.make_rmem_tensor(sub_shape, self.post_dtype)
-
-            # TMA views: (TMA, subtiles_m, subtiles_n, 1) of each global channel tensor; subtile
-            # (i, j) of a channel covers the same accumulator columns for every channel width.
-            bD_s, bD_g = self._tma_view(tma_d, mD, sD, "D")
-            bP_s, bP_g = self._tma_view(tma_p, mP, sP, "P")
-            bH_s, bH_g = self._tma_view(tma_h, mH, sH, "H")
-            bX_s, bX_g = self._tma_view(tma_x, mX, sX, "X")
-            bL_s, bL_g = self._tma_view(tma_l, mL, sL, "L")
-            l_bytes = tm * self.ch_width["L"] * self.d_dtype.width // 8
-
-            epi_barrier = pipeline.NamedBarrier(barrier_id=1, num_threads=self.num_mma_threads)
-            store_pipeline = pipeline.PipelineTmaStore.create(
-                num_stages=EPI_STAGES,
-                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads),
-            )
-            store_warp = 4  # first consumer warp issues the TMA stores
-            num_sub = tn // self.epi_tile[1]
-            w = self.epi_tile[1]
-
-            if cutlass.const_expr(self.dynamic):
-                sched = tile_scheduler.DynamicConsumer.create(sched_params, index_pipe, s_idx)
-            else:
-                sched = tile_scheduler.create(sched_params)
-            work = sched.initial_work_tile_info()
-            read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
-            release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
-            epi_count = cutlass.Int32(0)
-            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-            while work.is_valid_tile:
-                tc = work.tile_idx
-                if cutlass.const_expr(has["L"]):
-                    # Start this tile's first preact subtile now, so it lands during the mainloop.
-                    # One warp issues (the TMA copy elects its own thread: it must be reached by the
-                    # whole warp); one thread of it arms the barrier with the bytes to expect.
-                    if warp_idx == store_warp:
-                        nb = epi_count % EPI_STAGES
-                        with cute.arch.elect_one():
-                            cute.arch.mbarrier_arrive_and_expect_tx(l_mbar + nb, l_bytes)
-                        cute.copy(tma_l, bL_g[(None, tc[0], tc[1] * num_sub, 0)], bL_s[(None, nb)], tma_bar_ptr=l_mbar + nb)
-                read_state, release_state = mainloop.consume_tile(
-                    ab_pipeline, read_state, release_state, tiled_mma, acc, tCrA, tCrB, k_tiles
+            if cutlass.const_expr(self.pingpong):
+                self._consume_pingpong(
+                    tidx, warp_idx, tiled_mma, sA, sB, ab_pipeline, k_tiles, sched_params, index_pipe, s_idx, l_mbar,
+                    storage.sD.get_tensor(sD_layout.outer, swizzle=sD_layout.inner),
+                    storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner),
+                    storage.sH.get_tensor(sH_layout.outer, swizzle=sH_layout.inner),
+                    storage.sX.get_tensor(sX_layout.outer, swizzle=sX_layout.inner),
+                    storage.sL.get_tensor(sL_layout.outer, swizzle=sL_layout.inner),
+                    tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, mBias, m_size, n_size,
                 )
-                tCcG = thr_mma.partition_C(gcG[(None, None, tc[0], tc[1])])
-                for e in cutlass.range_constexpr(num_sub):
-                    buf = epi_count % EPI_STAGES
-                    if cutlass.const_expr(has["L"]):
-                        if cutlass.const_expr(e + 1 < num_sub):
-                            if warp_idx == store_warp:
-                                nb = (epi_count + 1) % EPI_STAGES
-                                with cute.arch.elect_one():
-                                    cute.arch.mbarrier_arrive_and_expect_tx(l_mbar + nb, l_bytes)
-                                cute.copy(
-                                    tma_l, bL_g[(None, tc[0], tc[1] * num_sub + e + 1, 0)], bL_s[(None, nb)],
-                                    tma_bar_ptr=l_mbar + nb,
-                                )
-                        cute.arch.mbarrier_wait(l_mbar + buf, (epi_count // EPI_STAGES) % 2)
-                    for v in cutlass.range_constexpr(S):
-                        rAcc[v] = tRS_acc[e * S + v]
-                    self.epi.visit(
-                        rAcc, rD, rP, tCcT, tCcG, e * S, e * w, n_size, mBias,
-                        sL[(None, None, buf)] if cutlass.const_expr(has["L"]) else None,
-                        sH[(None, None, buf)] if cutlass.const_expr(has["H"]) else None,
-                        sX[(None, None, buf)] if cutlass.const_expr(has["X"]) else None,
-                    )
-                    if cutlass.const_expr(has["D"]):
-                        rD_out.store(rD.load().to(self.d_dtype))
-                        cute.copy(r2s_d, rD_out, tRS_sD[(None, None, None, buf)])
-                    if cutlass.const_expr(has["P"]):
-                        rP_out.store(rP.load().to(self.post_dtype))
-                        cute.copy(r2s_p, rP_out, tRS_sP[(None, None, None, buf)])
-                    # smem written by the generic proxy, read next by the TMA (async proxy).
-                    cute.arch.fence_proxy("async.shared", space="cta")
-                    epi_barrier.arrive_and_wait()
-                    if warp_idx == store_warp:
-                        sm = tc[0]
-                        sn = tc[1] * num_sub + e
-                        if cutlass.const_expr(has["D"]):
-                            cute.copy(tma_d, bD_s[(None, buf)], bD_g[(None, sm, sn, 0)])
-                        if cutlass.const_expr(has["P"]):
-                            cute.copy(tma_p, bP_s[(None, buf)], bP_g[(None, sm, sn, 0)])
-                        if cutlass.const_expr(has["H"]):
-                            cute.copy(tma_h, bH_s[(None, buf)], bH_g[(None, sm, sn, 0)])
-                        if cutlass.const_expr(has["X"]):
-                            cute.copy(tma_x, bX_s[(None, buf)], bX_g[(None, sm, sn, 0)])
-                        store_pipeline.producer_commit()
-                        # Before buffer `buf` is written again, its store must have read smem.
-                        store_pipeline.producer_acquire()
-                    epi_barrier.arrive_and_wait()
-                    epi_count += 1
+            else:
+                mma_tidx = tidx - 128
+                thr_mma = tiled_mma.get_slice(mma_tidx)
+                tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
+                tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
 
+                # Each accumulator's coordinates: in the tile (static shape) for the smem channels of
+                # other widths, and in the problem for the bias.
+                tCcT = thr_mma.partition_C(cute.make_identity_tensor((tm, tn)))
+                gcG = cute.local_tile(cute.make_identity_tensor((m_size, n_size)), (tm, tn), (None, None))
+                acc = cute.make_rmem_tensor(tCcT.shape, self.acc_dtype)
+
+                # Registers -> smem for the acc-shaped channels: stmatrix (16-bit) or plain stores.
+                row = LayoutEnum.ROW_MAJOR
+                c_atom_d = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.d_dtype)
+                r2s_d = cute.make_tiled_copy_S(
+                    sm90_utils.get_smem_store_op(row, self.d_dtype, self.acc_dtype),
+                    cute.make_tiled_copy_C_atom(c_atom_d, tiled_mma),
+                )
+                c_atom_p = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.post_dtype)
+                r2s_p = cute.make_tiled_copy_S(
+                    sm90_utils.get_smem_store_op(row, self.post_dtype, self.acc_dtype),
+                    cute.make_tiled_copy_C_atom(c_atom_p, tiled_mma),
+                )
+                thr_r2s_d = r2s_d.get_slice(mma_tidx)
+                thr_r2s_p = r2s_p.get_slice(mma_tidx)
+
+                sD = storage.sD.get_tensor(sD_layout.outer, swizzle=sD_layout.inner)
+                sP = storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)
+                sH = storage.sH.get_tensor(sH_layout.outer, swizzle=sH_layout.inner)
+                sX = storage.sX.get_tensor(sX_layout.outer, swizzle=sX_layout.inner)
+                sL = storage.sL.get_tensor(sL_layout.outer, swizzle=sL_layout.inner)
+                tRS_sD = thr_r2s_d.partition_D(sD)
+                tRS_sP = thr_r2s_p.partition_D(sP)
+                tRS_acc = r2s_d.retile(acc)
+                sub_shape = thr_r2s_d.partition_S(sD).shape[:3]
+                S = cute.size(sub_shape)
+                rAcc = cute.make_rmem_tensor(sub_shape, self.acc_dtype)
+                rD = cute.make_rmem_tensor(sub_shape, self.acc_dtype)
+                rP = cute.make_rmem_tensor(sub_shape, self.acc_dtype)
+                rD_out = cute.make_rmem_tensor(sub_shape, self.d_dtype)
+                rP_out = cute.make_rmem_tensor(sub_shape, self.post_dtype)
+
+                # TMA views: (TMA, subtiles_m, subtiles_n, 1) of each global channel tensor; subtile
+                # (i, j) of a channel covers the same accumulator columns for every channel width.
+                bD_s, bD_g = self._tma_view(tma_d, mD, sD, "D")
+                bP_s, bP_g = self._tma_view(tma_p, mP, sP, "P")
+                bH_s, bH_g = self._tma_view(tma_h, mH, sH, "H")
+                bX_s, bX_g = self._tma_view(tma_x, mX, sX, "X")
+                bL_s, bL_g = self._tma_view(tma_l, mL, sL, "L")
+                l_bytes = tm * self.ch_width["L"] * self.d_dtype.width // 8
+
+                epi_barrier = pipeline.NamedBarrier(barrier_id=1, num_threads=self.num_mma_threads)
+                store_pipeline = pipeline.PipelineTmaStore.create(
+                    num_stages=EPI_STAGES,
+                    producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads),
+                )
+                store_warp = 4  # first consumer warp issues the TMA stores
+                num_sub = tn // self.epi_tile[1]
+                w = self.epi_tile[1]
+
+                if cutlass.const_expr(self.dynamic):
+                    sched = tile_scheduler.DynamicConsumer.create(sched_params, index_pipe, s_idx)
+                else:
+                    sched = tile_scheduler.create(sched_params)
+                work = sched.initial_work_tile_info()
+                read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
+                release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
+                epi_count = cutlass.Int32(0)
+                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                while work.is_valid_tile:
+                    tc = work.tile_idx
+                    if cutlass.const_expr(has["L"]):
+                        # Start this tile's first preact subtile now, so it lands during the mainloop.
+                        # One warp issues (the TMA copy elects its own thread: it must be reached by the
+                        # whole warp); one thread of it arms the barrier with the bytes to expect.
+                        if warp_idx == store_warp:
+                            nb = epi_count % EPI_STAGES
+                            with cute.arch.elect_one():
+                                cute.arch.mbarrier_arrive_and_expect_tx(l_mbar + nb, l_bytes)
+                            cute.copy(tma_l, bL_g[(None, tc[0], tc[1] * num_sub, 0)], bL_s[(None, nb)], tma_bar_ptr=l_mbar + nb)
+                    read_state, release_state = mainloop.consume_tile(
+                        ab_pipeline, read_state, release_state, tiled_mma, acc, tCrA, tCrB, k_tiles
+                    )
+                    tCcG = thr_mma.partition_C(gcG[(None, None, tc[0], tc[1])])
+                    for e in cutlass.range_constexpr(num_sub):
+                        buf = epi_count % EPI_STAGES
+                        if cutlass.const_expr(has["L"]):
+                            if cutlass.const_expr(e + 1 < num_sub):
+                                if warp_idx == store_warp:
+                                    nb = (epi_count + 1) % EPI_STAGES
+                                    with cute.arch.elect_one():
+                                        cute.arch.mbarrier_arrive_and_expect_tx(l_mbar + nb, l_bytes)
+                                    cute.copy(
+                                        tma_l, bL_g[(None, tc[0], tc[1] * num_sub + e + 1, 0)], bL_s[(None, nb)],
+                                        tma_bar_ptr=l_mbar + nb,
+                                    )
+                            cute.arch.mbarrier_wait(l_mbar + buf, (epi_count // EPI_STAGES) % 2)
+                        for v in cutlass.range_constexpr(S):
+                            rAcc[v] = tRS_acc[e * S + v]
+                        self.epi.visit(
+                            rAcc, rD, rP, tCcT, tCcG, e * S, e * w, n_size, mBias,
+                            sL[(None, None, buf)] if cutlass.const_expr(has["L"]) else None,
+                            sH[(None, None, buf)] if cutlass.const_expr(has["H"]) else None,
+                            sX[(None, None, buf)] if cutlass.const_expr(has["X"]) else None,
+                        )
+                        if cutlass.const_expr(has["D"]):
+                            rD_out.store(rD.load().to(self.d_dtype))
+                            cute.copy(r2s_d, rD_out, tRS_sD[(None, None, None, buf)])
+                        if cutlass.const_expr(has["P"]):
+                            rP_out.store(rP.load().to(self.post_dtype))
+                            cute.copy(r2s_p, rP_out, tRS_sP[(None, None, None, buf)])
+                        # smem written by the generic proxy, read next by the TMA (async proxy).
+                        cute.arch.fence_proxy("async.shared", space="cta")
+                        epi_barrier.arrive_and_wait()
+                        if warp_idx == store_warp:
+                            sm = tc[0]
+                            sn = tc[1] * num_sub + e
+                            if cutlass.const_expr(has["D"]):
+                                cute.copy(tma_d, bD_s[(None, buf)], bD_g[(None, sm, sn, 0)])
+                            if cutlass.const_expr(has["P"]):
+                                cute.copy(tma_p, bP_s[(None, buf)], bP_g[(None, sm, sn, 0)])
+                            if cutlass.const_expr(has["H"]):
+                                cute.copy(tma_h, bH_s[(None, buf)], bH_g[(None, sm, sn, 0)])
+                            if cutlass.const_expr(has["X"]):
+                                cute.copy(tma_x, bX_s[(None, buf)], bX_g[(None, sm, sn, 0)])
+                            store_pipeline.producer_commit()
+                            # Before buffer `buf` is written again, its store must have read smem.
+                            store_pipeline.producer_acquire()
+                        epi_barrier.arrive_and_wait()
+                        epi_count += 1
+
+                    sched.advance_to_next_work()
+                    work = sched.get_current_work()
+                store_pipeline.producer_tail()
+
+
+    # ---- pingpong consumers --------------------------------------------------------------------
+
+    @cute.jit
+    def _consume_pingpong(
+        self, tidx, warp_idx, tiled_mma, sA, sB, ab_pipeline, k_tiles, sched_params, index_pipe, s_idx, l_mbar,
+        sD, sP, sH, sX, sL, tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, mBias, m_size, n_size,
+    ):
+        """One consumer warpgroup of a pingpong pair: tiles wg, wg + 2, ... of the CTA's sequence.
+
+        Per tile: [preact load] -> mainloop (in turn with the other warpgroup) -> epilogue (in
+        turn: the D/P/H/X smem buffers and their TMA stores are shared, so a warpgroup's
+        epilogue drains its stores before handing over). The producer warp is unchanged: it
+        loads every tile of the sequence into the ring, and each warpgroup skips the other's
+        stages (mainloop.consume_tile_pingpong)."""
+        tm, tn, tk = self.tile_shape_mnk
+        has = {c: self.ch_width[c] > 0 for c in self.ch_width}
+        wg = cute.arch.make_warp_uniform((tidx - 128) // 128)  # 0 or 1 among the consumers
+        wg_tidx = tidx % 128
+        thr_mma = tiled_mma.get_slice(wg_tidx)
+        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
+        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+        acc = cute.make_rmem_tensor(thr_mma.partition_C(cute.make_identity_tensor((tm, tn))).shape, self.acc_dtype)
+
+        row = LayoutEnum.ROW_MAJOR
+        c_atom_d = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.d_dtype)
+        r2s_d = cute.make_tiled_copy_S(
+            sm90_utils.get_smem_store_op(row, self.d_dtype, self.acc_dtype),
+            cute.make_tiled_copy_C_atom(c_atom_d, tiled_mma),
+        )
+        c_atom_p = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.post_dtype)
+        r2s_p = cute.make_tiled_copy_S(
+            sm90_utils.get_smem_store_op(row, self.post_dtype, self.acc_dtype),
+            cute.make_tiled_copy_C_atom(c_atom_p, tiled_mma),
+        )
+        thr_r2s_d = r2s_d.get_slice(wg_tidx)
+        thr_r2s_p = r2s_p.get_slice(wg_tidx)
+        tRS_acc = r2s_d.retile(acc)
+        # With two m64 atoms along M (a 128-row tile in one warpgroup), the retiled accumulators
+        # run over all columns of the first 64 rows before the next 64, while a 32-column
+        # subtile's fragment takes both row halves: gather each subtile's values through a static
+        # permutation, and give the epilogue the coordinates in the fragment's (copy) order.
+        acc_of = _subtile_order(tiled_mma, r2s_d, tm, tn)
+        tRS_cT = thr_r2s_d.partition_S(cute.make_identity_tensor((tm, tn)))
+        gcG = cute.local_tile(cute.make_identity_tensor((m_size, n_size)), (tm, tn), (None, None))
+
+        tRS_sD = thr_r2s_d.partition_D(sD)
+        tRS_sP = thr_r2s_p.partition_D(sP)
+        sub_shape = thr_r2s_d.partition_S(sD).shape[:3]
+        S = cute.size(sub_shape)
+        rAcc = cute.make_rmem_tensor(sub_shape, self.acc_dtype)
+        rD = cute.make_rmem_tensor(sub_shape, self.acc_dtype)
+        rP = cute.make_rmem_tensor(sub_shape, self.acc_dtype)
+        rD_out = cute.make_rmem_tensor(sub_shape, self.d_dtype)
+        rP_out = cute.make_rmem_tensor(sub_shape, self.post_dtype)
+        bD_s, bD_g = self._tma_view(tma_d, mD, sD, "D")
+        bP_s, bP_g = self._tma_view(tma_p, mP, sP, "P")
+        bH_s, bH_g = self._tma_view(tma_h, mH, sH, "H")
+        bX_s, bX_g = self._tma_view(tma_x, mX, sX, "X")
+        bL_s, bL_g = self._tma_view(tma_l, mL, sL, "L")
+
+        # This warpgroup's own 128-thread barrier and store warp (its first warp); its TMA store
+        # groups are that warp's own, so the two warpgroups' store pipelines are independent.
+        epi_barrier = pipeline.NamedBarrier(barrier_id=PP_EPI_BARRIER + wg, num_threads=128)
+        store_pipeline = pipeline.PipelineTmaStore.create(
+            num_stages=EPI_STAGES,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
+        )
+        is_store_warp = warp_idx % 4 == 0
+
+        if cutlass.const_expr(self.dynamic):
+            sched = tile_scheduler.DynamicConsumer.create(sched_params, index_pipe, s_idx)
+        else:
+            sched = tile_scheduler.create(sched_params)
+        work = sched.initial_work_tile_info()
+        read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
+        release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
+        if wg == 1:
+            # WG0 goes first in both orders; WG1 starts at the CTA's second tile.
+            mainloop.order_arrive(PP_MMA_ORDER, wg)
+            mainloop.order_arrive(PP_EPI_ORDER, wg)
+            sched.advance_to_next_work()
+            work = sched.get_current_work()
+        # ... and past the first tile's ring stages (0 stages for WG0).
+        read_state.advance(k_tiles * wg)
+        release_state.advance(k_tiles * wg)
+
+        l_count = cutlass.Int32(0)  # this warpgroup's preact subtiles so far (its own L ring)
+        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+        while work.is_valid_tile:
+            tc = work.tile_idx
+            if cutlass.const_expr(has["L"]):
+                # The tile's first preact subtile lands during the mainloop (own ring: no turn).
+                if is_store_warp:
+                    self._load_preact(tma_l, bL_g, bL_s, l_mbar, tc, 0, l_count, wg)
+            read_state, release_state = mainloop.consume_tile_pingpong(
+                ab_pipeline, read_state, release_state, tiled_mma, acc, tCrA, tCrB, k_tiles, PP_MMA_ORDER, wg
+            )
+            mainloop.order_wait(PP_EPI_ORDER, wg)
+            l_count = self._epilogue_pingpong(
+                tc, acc, tRS_acc, acc_of, tRS_cT, thr_r2s_d.partition_S(gcG[(None, None, tc[0], tc[1])]),
+                rAcc, rD, rP, rD_out, rP_out, r2s_d, r2s_p, tRS_sD, tRS_sP, sH, sX, sL,
+                tma_d, bD_s, bD_g, tma_p, bP_s, bP_g, tma_h, bH_s, bH_g, tma_x, bX_s, bX_g, tma_l, bL_s, bL_g,
+                l_mbar, l_count, wg, is_store_warp, epi_barrier, store_pipeline, mBias, n_size, S,
+            )
+            mainloop.order_arrive(PP_EPI_ORDER, wg)
+            # Next own tile: skip the other warpgroup's. The dynamic scheduler's ring ends with one
+            # past-the-end index and nothing after it, so never read beyond an invalid one.
+            sched.advance_to_next_work()
+            work = sched.get_current_work()
+            if cutlass.const_expr(self.dynamic):
+                if work.is_valid_tile:
+                    sched.advance_to_next_work()
+                    work = sched.get_current_work()
+            else:
                 sched.advance_to_next_work()
                 work = sched.get_current_work()
-            store_pipeline.producer_tail()
+        store_pipeline.producer_tail()
+
+    @cute.jit
+    def _load_preact(self, tma_l, bL_g, bL_s, l_mbar, tc, e: cutlass.Constexpr, l_count, wg):
+        """Issue preact subtile e of tile tc into slot l_count % 2 of warpgroup wg's L ring (by a
+        whole warp: the TMA copy elects its own thread; one thread arms the barrier)."""
+        num_sub = self.tile_shape_mnk[1] // self.epi_tile[1]
+        slot = wg * EPI_STAGES + l_count % EPI_STAGES
+        l_bytes = self.tile_shape_mnk[0] * self.ch_width["L"] * self.d_dtype.width // 8
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_arrive_and_expect_tx(l_mbar + slot, l_bytes)
+        cute.copy(tma_l, bL_g[(None, tc[0], tc[1] * num_sub + e, 0)], bL_s[(None, slot)], tma_bar_ptr=l_mbar + slot)
+
+    @cute.jit
+    def _epilogue_pingpong(
+        self, tc, acc, tRS_acc, acc_of, tRS_cT, tRS_cG, rAcc, rD, rP, rD_out, rP_out, r2s_d, r2s_p,
+        tRS_sD, tRS_sP, sH, sX, sL,
+        tma_d, bD_s, bD_g, tma_p, bP_s, bP_g, tma_h, bH_s, bH_g, tma_x, bX_s, bX_g, tma_l, bL_s, bL_g,
+        l_mbar, l_count, wg, is_store_warp, epi_barrier, store_pipeline, mBias, n_size, S: cutlass.Constexpr,
+    ):
+        """One warpgroup's whole-tile epilogue, 32 columns at a time, while it holds the epilogue
+        turn. Same per-subtile steps as the cooperative epilogue; returns the new l_count."""
+        has = {c: self.ch_width[c] > 0 for c in self.ch_width}
+        w = self.epi_tile[1]
+        num_sub = self.tile_shape_mnk[1] // w
+        for e in cutlass.range_constexpr(num_sub):
+            buf = e % EPI_STAGES  # the shared output buffers start drained at every epilogue
+            lslot = wg * EPI_STAGES + l_count % EPI_STAGES
+            if cutlass.const_expr(has["L"]):
+                if cutlass.const_expr(e + 1 < num_sub):
+                    if is_store_warp:
+                        self._load_preact(tma_l, bL_g, bL_s, l_mbar, tc, e + 1, l_count + 1, wg)
+                cute.arch.mbarrier_wait(l_mbar + lslot, (l_count // EPI_STAGES) % 2)
+            for v in cutlass.range_constexpr(S):
+                rAcc[v] = tRS_acc[acc_of[e * S + v]]
+            self.epi.visit(
+                rAcc, rD, rP, tRS_cT, tRS_cG, e * S, e * w, n_size, mBias,
+                sL[(None, None, lslot)] if cutlass.const_expr(has["L"]) else None,
+                sH[(None, None, buf)] if cutlass.const_expr(has["H"]) else None,
+                sX[(None, None, buf)] if cutlass.const_expr(has["X"]) else None,
+            )
+            if cutlass.const_expr(has["D"]):
+                rD_out.store(rD.load().to(self.d_dtype))
+                cute.copy(r2s_d, rD_out, tRS_sD[(None, None, None, buf)])
+            if cutlass.const_expr(has["P"]):
+                rP_out.store(rP.load().to(self.post_dtype))
+                cute.copy(r2s_p, rP_out, tRS_sP[(None, None, None, buf)])
+            cute.arch.fence_proxy("async.shared", space="cta")
+            epi_barrier.arrive_and_wait()
+            if is_store_warp:
+                sm = tc[0]
+                sn = tc[1] * num_sub + e
+                if cutlass.const_expr(has["D"]):
+                    cute.copy(tma_d, bD_s[(None, buf)], bD_g[(None, sm, sn, 0)])
+                if cutlass.const_expr(has["P"]):
+                    cute.copy(tma_p, bP_s[(None, buf)], bP_g[(None, sm, sn, 0)])
+                if cutlass.const_expr(has["H"]):
+                    cute.copy(tma_h, bH_s[(None, buf)], bH_g[(None, sm, sn, 0)])
+                if cutlass.const_expr(has["X"]):
+                    cute.copy(tma_x, bX_s[(None, buf)], bX_g[(None, sm, sn, 0)])
+                store_pipeline.producer_commit()
+                if cutlass.const_expr(e + 1 < num_sub):
+                    store_pipeline.producer_acquire()
+                else:
+                    # Hand the shared buffers over empty: every store of this tile has read smem.
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+            epi_barrier.arrive_and_wait()
+            l_count += 1
+        return l_count
+
+
+def _subtile_order(tiled_mma, r2s, tm: int, tn: int):
+    """Static map from (subtile e, fragment value v) -> index into r2s.retile(acc): entry
+    e * S + v is the accumulator register holding the value that the copy's source partition of
+    the whole (tm, tn) tile puts at flat position e * S + v. Computed on thread 0's slices, whose
+    coordinates are static; every thread's pattern is the same up to its offset. (With one m64
+    atom along M it is the identity.)"""
+    ident = cute.make_identity_tensor((tm, tn))
+    acc_c = r2s.retile(tiled_mma.get_slice(0).partition_C(ident))
+    full = r2s.get_slice(0).partition_S(ident)
+    pos = {tuple(acc_c[i]): i for i in range(cute.size(acc_c))}
+    coords = [tuple(full[v]) for v in range(cute.size(full))]
+    # The gated epilogues take values 2j, 2j + 1 as one (gate, up) pair of adjacent columns.
+    for j in range(len(coords) // 2):
+        (r0, c0), (r1, c1) = coords[2 * j], coords[2 * j + 1]
+        if r1 != r0 or c1 != c0 + 1 or c0 % 2:
+            raise ValueError(f"epilogue fragment: values {2 * j}, {2 * j + 1} are not a column pair ({coords[2 * j]}, {coords[2 * j + 1]})")
+    return [pos[c] for c in coords]
 
 
 # ---- compile-time signatures --------------------------------------------------------------------

@@ -81,3 +81,71 @@ def consume_tile(
     ab_pipeline.consumer_release(release_state)
     release_state.advance()
     return read_state, release_state
+
+
+# ---- pingpong consumers -------------------------------------------------------------------------
+#
+# Two consumer warpgroups own alternate tiles of the CTA's sequence. Named barriers order their
+# mainloops (and, in gemm_sm90, their epilogues): warpgroup w waits on barrier `base + w`, which
+# completes once the other warpgroup (128 threads) has arrived on it; 256 threads in all. This is
+# an ordered sequence of two: WG0 mainloop, WG1 mainloop, WG0 mainloop, ... and WG1 pre-arrives
+# once on WG0's barrier so WG0 goes first.
+
+
+@cute.jit
+def order_wait(base: int, wg: cutlass.Int32):
+    """Block until the other warpgroup has handed the turn to warpgroup `wg`."""
+    cute.arch.barrier(barrier_id=base + wg, number_of_threads=256)
+
+
+@cute.jit
+def order_arrive(base: int, wg: cutlass.Int32):
+    """Hand the turn from warpgroup `wg` to the other one (non-blocking)."""
+    cute.arch.barrier_arrive(barrier_id=base + 1 - wg, number_of_threads=256)
+
+
+@cute.jit
+def consume_tile_pingpong(
+    ab_pipeline: pipeline.PipelineTmaAsync,
+    read_state: pipeline.PipelineState,
+    release_state: pipeline.PipelineState,
+    tiled_mma: cute.TiledMma,
+    acc: cute.Tensor,
+    tCrA: cute.Tensor,
+    tCrB: cute.Tensor,
+    k_tiles: cutlass.Int32,
+    order_base: int,
+    wg: cutlass.Int32,
+):
+    """consume_tile for one warpgroup of a pingpong pair: waits for its turn, issues all of the
+    tile's WGMMAs, hands the turn over as soon as the last ones are issued (the other warpgroup's
+    first WGMMAs then queue right behind them, so the tensor cores never drain), retires its own,
+    and finally skips the ring stages of the other warpgroup's next tile (k_tiles of them), which
+    that warpgroup reads and releases. Returns (read_state, release_state)."""
+    num_k_blocks = cute.size(tCrA, mode=[2])
+    acc.fill(0.0)
+    order_wait(order_base, wg)
+    ab_pipeline.consumer_wait(read_state)
+    cute.nvgpu.warpgroup.fence()
+    for kb in cutlass.range_constexpr(num_k_blocks):
+        cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read_state.index)], tCrB[(None, None, kb, read_state.index)], acc)
+    cute.nvgpu.warpgroup.commit_group()
+    read_state.advance()
+    for k in cutlass.range(1, k_tiles, unroll=1):
+        ab_pipeline.consumer_wait(read_state)
+        cute.nvgpu.warpgroup.fence()
+        for kb in cutlass.range_constexpr(num_k_blocks):
+            cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read_state.index)], tCrB[(None, None, kb, read_state.index)], acc)
+        cute.nvgpu.warpgroup.commit_group()
+        cute.nvgpu.warpgroup.wait_group(1)
+        ab_pipeline.consumer_release(release_state)
+        release_state.advance()
+        read_state.advance()
+    order_arrive(order_base, wg)
+    cute.nvgpu.warpgroup.wait_group(0)
+    ab_pipeline.consumer_release(release_state)
+    release_state.advance()
+    # The other warpgroup's tile comes next in the ring.
+    read_state.advance(k_tiles)
+    release_state.advance(k_tiles)
+    return read_state, release_state

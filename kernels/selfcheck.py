@@ -7,7 +7,8 @@ NVVM, ptxas) for sm_90a with symbolic problem sizes, then checks that the PTX is
 ``wgmma.mma_async`` and bulk tensor copies (``cp.async.bulk.tensor`` loads; stores, or
 ``cp.reduce.async.bulk.tensor`` reduce-adds for accumulation) and register reallocation
 (``setmaxnreg``); the dynamic-scheduler variants must also claim tiles with a global atomic add
-(``atom.global.add``). One line per variant, a summary line last; the exit status is non-zero if any
+(``atom.global.add``), and the pingpong variants must hand turns between their consumer
+warpgroups with named-barrier arrives (``bar.arrive``). One line per variant, a summary line last; the exit status is non-zero if any
 variant fails. Compiles run in parallel processes (-j, default: number of CPUs).
 """
 
@@ -35,7 +36,8 @@ def variants(quick: bool = False):
     layout, every activation's act (with and without bias / preact) and dact for both dtypes, at
     the default tile; plus the other tiles and a 2x1 cluster for the plain store.
     --quick keeps one dtype's layouts and every activation once (a fast local check; CI runs all).
-    Both add the dynamic tile scheduler for each epilogue kind (store, accumulate, act, dact).
+    Both add the dynamic tile scheduler for each epilogue kind (store, accumulate, act, dact)
+    and the pingpong consumer schedule (pingpong_variants).
     """
     cfg = GemmConfig()
     out = []
@@ -61,7 +63,44 @@ def variants(quick: bool = False):
     for c in tiles:
         out.append(KernelKey(EpilogueSpec("store"), c, "bfloat16", "row", "row", "bfloat16"))
     out += dynamic_variants(quick)
+    out += pingpong_variants(quick)
     return out
+
+
+def pingpong_variants(quick: bool = False):
+    """The pingpong consumers (config.consumers): every epilogue kind at both of its tiles (128x128:
+    two m64 atoms per warpgroup; 64x256), a 2x1 cluster and the dynamic scheduler. --quick keeps
+    one of each epilogue channel kind (acc-shaped, half-width postact, double-width dpreact with the
+    preact load, reduce-add) plus the cluster."""
+    def pp(tm, tn, cm=1, sched="static"):
+        return GemmConfig(tm, tn, cm, 1, consumers="pingpong", scheduler=sched)
+
+    def kinds(c, dt="bfloat16"):
+        return [
+            KernelKey(EpilogueSpec("store"), c, dt, "row", "row", dt),
+            KernelKey(EpilogueSpec("store"), c, dt, "row", "col", dt),
+            KernelKey(EpilogueSpec("accumulate"), c, dt, "col", "col", "float32"),
+            KernelKey(EpilogueSpec("act", "swiglu"), c, dt, "row", "row", dt),
+            KernelKey(EpilogueSpec("act", "gelu_tanh_approx", True), c, dt, "row", "row", dt, dt),
+            KernelKey(EpilogueSpec("dact", "swiglu"), c, dt, "row", "col", dt),
+            KernelKey(EpilogueSpec("dact", "relu"), c, dt, "row", "col", dt),
+        ]
+
+    if quick:
+        return [
+            KernelKey(EpilogueSpec("store"), pp(128, 128), "bfloat16", "row", "row", "bfloat16"),
+            KernelKey(EpilogueSpec("accumulate"), pp(64, 256), "bfloat16", "col", "col", "float32"),
+            KernelKey(EpilogueSpec("act", "swiglu"), pp(64, 256), "bfloat16", "row", "row", "bfloat16"),
+            KernelKey(EpilogueSpec("dact", "swiglu"), pp(128, 128), "bfloat16", "row", "col", "bfloat16"),
+            KernelKey(EpilogueSpec("store"), pp(128, 128, 2), "bfloat16", "row", "row", "bfloat16"),
+        ]
+    return kinds(pp(128, 128)) + kinds(pp(64, 256)) + [
+        KernelKey(EpilogueSpec("store"), pp(128, 128, 2), "bfloat16", "row", "row", "bfloat16"),
+        KernelKey(EpilogueSpec("act", "swiglu"), pp(128, 128, 2), "float16", "row", "row", "float16"),
+        KernelKey(EpilogueSpec("store"), pp(128, 128), "bfloat16", "row", "row", "float32"),
+        KernelKey(EpilogueSpec("store"), pp(128, 128, sched="dynamic"), "bfloat16", "row", "row", "bfloat16"),
+        KernelKey(EpilogueSpec("dact", "swiglu"), pp(128, 128, sched="dynamic"), "bfloat16", "row", "col", "bfloat16"),
+    ]
 
 
 def dynamic_variants(quick: bool = False):
@@ -109,6 +148,9 @@ def check_one(key: KernelKey):
         dynamic = key.config.scheduler == "dynamic"
         if dynamic and "atom.global.add" not in ptx:
             missing.append("atom.global.add (dynamic tile counter)")
+        pingpong = key.config.consumers == "pingpong"
+        if pingpong and "bar.arrive" not in ptx:
+            missing.append("bar.arrive (pingpong order barriers)")
         if missing:
             return False, "PTX lacks " + ", ".join(missing), time.time() - t
         n_mma = ptx.count("wgmma.mma_async")
@@ -116,6 +158,8 @@ def check_one(key: KernelKey):
         msg = f"wgmma x{n_mma}, bulk tensor copies x{n_tma}"
         if dynamic:
             msg += f", atom.global.add x{ptx.count('atom.global.add')} (tile counter)"
+        if pingpong:
+            msg += f", bar.arrive x{ptx.count('bar.arrive')} (pingpong turns)"
         return True, msg, time.time() - t
     except Exception as e:  # report, don't stop: every variant gets its line
         msg = str(e).strip().splitlines()
