@@ -1,0 +1,48 @@
+"""The pingpong consumer option's configuration (CPU): validation, names, candidates, selfcheck."""
+
+import pytest
+
+from parallel_mlp.kernels.config import PINGPONG_CANDIDATES, TUNE_CANDIDATES, GemmConfig
+
+
+def test_cooperative_names_are_unchanged():
+    assert GemmConfig().key == "t128x256_c1x1_g8_sm132"
+    assert GemmConfig(scheduler="dynamic").key == "t128x256_c1x1_g8_sm132_dynamic"
+
+
+def test_pingpong_has_its_own_name():
+    assert GemmConfig(128, 128, consumers="pingpong").key == "t128x128_c1x1_g8_sm132_pingpong"
+    assert GemmConfig(128, 128, scheduler="dynamic", consumers="pingpong").key.endswith("_dynamic_pingpong")
+    assert GemmConfig(128, 128, consumers="pingpong").key != GemmConfig(128, 128).key
+
+
+@pytest.mark.parametrize("tile", [(128, 256), (128, 192)])
+def test_pingpong_rejects_accumulators_that_do_not_fit(tile):
+    with pytest.raises(ValueError, match=r"tile_m \* tile_n / 128 <= 128"):
+        GemmConfig(*tile, consumers="pingpong")
+
+
+@pytest.mark.parametrize("tile", [(128, 128), (64, 256), (64, 128), (128, 64)])
+def test_pingpong_accepts_tiles_that_fit(tile):
+    assert GemmConfig(*tile, consumers="pingpong").consumers == "pingpong"
+
+
+def test_unknown_consumers_value():
+    with pytest.raises(ValueError, match="consumers="):
+        GemmConfig(consumers="pong")
+
+
+def test_candidates_kept_apart():
+    assert all(c.consumers == "pingpong" for c in PINGPONG_CANDIDATES)
+    assert all(c.consumers == "cooperative" for c in TUNE_CANDIDATES)
+
+
+def test_selfcheck_compiles_pingpong_variants():
+    from parallel_mlp.kernels.selfcheck import variants
+
+    for quick in (True, False):
+        pp = [k for k in variants(quick) if k.config.consumers == "pingpong"]
+        kinds = {k.epilogue.kind for k in pp}
+        assert kinds == {"store", "accumulate", "act", "dact"}
+        assert any(k.config.cluster_m == 2 for k in pp)
+        assert {(k.config.tile_m, k.config.tile_n) for k in pp} == {(128, 128), (64, 256)}
