@@ -2,6 +2,7 @@
 
     python -m parallel_mlp.kernels.bench_gemm [--T 8192 --d 4096 --h 14336 --act swiglu]
                                               [--sweep] [--scheduler static|dynamic]
+                                              [--consumers cooperative|pingpong]
 
 Prints one line per GEMM: ms and TFLOP/s for torch and for ours, and the ratio. Inputs are
 random (never zeros), timings are medians of CUDA-event-timed repetitions after warm-up.
@@ -35,6 +36,12 @@ def main(argv=None):
         "--scheduler", choices=["static", "dynamic"], default=None,
         help="force this tile scheduler on every config (default: each config's own, i.e. static)",
     )
+    p.add_argument(
+        "--consumers", choices=["cooperative", "pingpong"], default=None,
+        help="pingpong: time the pingpong consumer schedule. Without --sweep each GEMM runs at "
+        "PINGPONG_CANDIDATES[0] (128x128, one warpgroup's tile) with this run's scheduler; with "
+        "--sweep every PINGPONG_CANDIDATES config is timed instead of TUNE_CANDIDATES",
+    )
     args = p.parse_args(argv)
 
     from parallel_mlp.activations import ACTIVATIONS
@@ -67,7 +74,9 @@ def main(argv=None):
     only = set(args.only.split(",")) if args.only else None
     print(f"T={T} d={d} h={h} act={A.name} bf16; {torch.cuda.get_device_name()}")
     print(f"{'gemm':24s} {'M':>6s} {'N':>6s} {'K':>6s} | {'torch ms':>8s} {'TF/s':>6s} | {'ours ms':>8s} {'TF/s':>6s} | ratio")
-    from .config import TUNE_CANDIDATES, default_config
+    from .config import PINGPONG_CANDIDATES, TUNE_CANDIDATES, default_config
+
+    pingpong = args.consumers == "pingpong"
 
     for name, M, N, K, ref, ours in rows:
         if only and name.split()[0] not in only:
@@ -75,7 +84,7 @@ def main(argv=None):
         flops = 2 * M * N * K
         if args.sweep:
             print(f"{name}: default {default_config(M, N, K).key}; torch {flops / bench(ref) / 1e9:.0f} TF/s")
-            for cfg in TUNE_CANDIDATES:
+            for cfg in PINGPONG_CANDIDATES if pingpong else TUNE_CANDIDATES:
                 if args.scheduler:
                     if args.scheduler == "dynamic" and (cfg.cluster_m, cfg.cluster_n) != (1, 1):
                         continue  # the dynamic scheduler takes 1x1 clusters only
@@ -86,7 +95,12 @@ def main(argv=None):
                 except Exception as e:
                     print(f"   {cfg.key:28s} failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
             continue
-        if args.scheduler:
+        if pingpong:
+            cfg = PINGPONG_CANDIDATES[0]
+            if args.scheduler:
+                cfg = dataclasses.replace(cfg, scheduler=args.scheduler)
+            ours = functools.partial(_with_config, ours, cfg)
+        elif args.scheduler:
             ours = functools.partial(_with_scheduler, ours, args.scheduler)
         t_ref = bench(ref)
         t_ours = bench(ours)
