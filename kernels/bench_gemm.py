@@ -16,7 +16,7 @@ import functools
 
 import torch
 
-from .tuning import median_ms
+from .tuning import host_us_per_call, median_ms
 
 
 def bench(fn, reps=30, warmup=5):
@@ -73,6 +73,11 @@ def main(argv=None):
     ]
     only = set(args.only.split(",")) if args.only else None
     print(f"T={T} d={d} h={h} act={A.name} bf16; {torch.cuda.get_device_name()}")
+    # Launch overhead on a tiny GEMM (256^3: the kernel is a few µs, so host time dominates).
+    tiny = torch.randn(256, 256, device="cuda").to(torch.bfloat16)
+    print(f"host time per call, 256^3 GEMM: torch.mm {host_us_per_call(lambda: tiny @ tiny):.0f} us, "
+          f"ops.gemm {host_us_per_call(lambda: ops.gemm(tiny, tiny)):.0f} us, "
+          f"ops.gemm_act {host_us_per_call(lambda: ops.gemm_act(tiny, tiny, A.name)):.0f} us")
     print(f"{'gemm':24s} {'M':>6s} {'N':>6s} {'K':>6s} | {'torch ms':>8s} {'TF/s':>6s} | {'ours ms':>8s} {'TF/s':>6s} | ratio")
     from .config import PINGPONG_CANDIDATES, TUNE_CANDIDATES, default_config
 
