@@ -42,6 +42,10 @@ def main(argv=None):
         "PINGPONG_CANDIDATES[0] (128x128, one warpgroup's tile) with this run's scheduler; with "
         "--sweep every PINGPONG_CANDIDATES config is timed instead of TUNE_CANDIDATES",
     )
+    p.add_argument(
+        "--groups", default=None,
+        help="with --sweep: comma-separated rasterization groups to time each candidate at (e.g. 8,16)",
+    )
     args = p.parse_args(argv)
 
     from parallel_mlp.activations import ACTIVATIONS
@@ -89,7 +93,11 @@ def main(argv=None):
         flops = 2 * M * N * K
         if args.sweep:
             print(f"{name}: default {default_config(M, N, K).key}; torch {flops / bench(ref) / 1e9:.0f} TF/s")
-            for cfg in PINGPONG_CANDIDATES if pingpong else TUNE_CANDIDATES:
+            candidates = PINGPONG_CANDIDATES if pingpong else TUNE_CANDIDATES
+            if args.groups:
+                groups = [int(g) for g in args.groups.split(",")]
+                candidates = [dataclasses.replace(c, raster_group=g) for c in candidates for g in groups]
+            for cfg in candidates:
                 if args.scheduler:
                     if args.scheduler == "dynamic" and (cfg.cluster_m, cfg.cluster_n) != (1, 1):
                         continue  # the dynamic scheduler takes 1x1 clusters only
