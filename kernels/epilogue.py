@@ -156,21 +156,34 @@ class EpilogueSpec:
                     sH[r, (c - col0) // 2] = y.to(sH.element_type)
         if cutlass.const_expr(self.kind == "dact"):
             if cutlass.const_expr(not self.gated):
-                for v in cutlass.range_constexpr(S):
-                    r, c = tCcT[base + v]
-                    x = Float32(sL[r, c - col0])
-                    rD[v] = self.act.grad(x, m) * rAcc[v]
-                    rP[v] = self.act.fn(x, m)
+                # Registers 2j, 2j+1 are columns (c, c+1), c even: one 4-byte vector of preact.
+                sL2 = cute.zipped_divide(sL, (1, 2))  # ((1, 2), (rows, cols / 2))
+                for j in cutlass.range_constexpr(S // 2):
+                    r, c = tCcT[base + 2 * j]
+                    pre = sL2[((0, None), (r, (c - col0) // 2))].load().to(Float32)
+                    for t in cutlass.range_constexpr(2):
+                        x = pre[t]
+                        rD[2 * j + t] = self.act.grad(x, m) * rAcc[2 * j + t]
+                        rP[2 * j + t] = self.act.fn(x, m)
             else:
                 # The GEMM is h wide (dpostact); accumulator column n owns preact/dpreact columns
                 # (2n, 2n+1), and postact column n is the accumulator's own position.
-                for v in cutlass.range_constexpr(S):
-                    r, c = tCcT[base + v]
-                    cc = 2 * (c - col0)
-                    g = Float32(sL[r, cc])
-                    u = Float32(sL[r, cc + 1])
-                    dy = rAcc[v]
-                    dg, du = self.act.grad(g, u, m)
-                    rP[v] = self.act.fn(g, u, m)
-                    sX[r, cc] = (dg * dy).to(sX.element_type)
-                    sX[r, cc + 1] = (du * dy).to(sX.element_type)
+                # Accumulator registers 2j, 2j+1 are columns (c, c+1), c even: together they own
+                # the four adjacent preact/dpreact columns 2c .. 2c+3, read and written as one
+                # 8-byte vector (a 128B swizzle moves 16-byte chunks only, so it stays whole).
+                sL4 = cute.zipped_divide(sL, (1, 4))  # ((1, 4), (rows, cols / 4))
+                sX4 = cute.zipped_divide(sX, (1, 4))
+                dpre = cute.make_rmem_tensor(4, sX.element_type)
+                for j in cutlass.range_constexpr(S // 2):
+                    r, c = tCcT[base + 2 * j]
+                    k = (c - col0) // 2
+                    pre = sL4[((0, None), (r, k))].load().to(Float32)
+                    for t in cutlass.range_constexpr(2):
+                        g = pre[2 * t]
+                        u = pre[2 * t + 1]
+                        dy = rAcc[2 * j + t]
+                        dg, du = self.act.grad(g, u, m)
+                        rP[2 * j + t] = self.act.fn(g, u, m)
+                        dpre[2 * t] = (dg * dy).to(sX.element_type)
+                        dpre[2 * t + 1] = (du * dy).to(sX.element_type)
+                    sX4[((0, None), (r, k))].store(dpre.load())
