@@ -42,7 +42,7 @@ def produce_tile(
 
 
 @cute.jit
-def consume_tile(
+def issue_tile_mmas(
     ab_pipeline: pipeline.PipelineTmaAsync,
     read_state: pipeline.PipelineState,
     release_state: pipeline.PipelineState,
@@ -52,11 +52,13 @@ def consume_tile(
     tCrB: cute.Tensor,
     k_tiles: cutlass.Int32,
 ):
-    """acc = sum over K of A_k @ B_k for one tile; returns (read_state, release_state)."""
+    """acc += the WGMMAs of every K stage of one tile, releasing each stage once the next
+    stage's WGMMAs are issued and its own have retired. Returns with the last stage's group still
+    in flight and its slot held: the caller retires it (`retire_tile`), possibly after handing the
+    tensor cores to another warpgroup. The caller clears acc first: ACCUMULATE is set once for the
+    whole persistent loop (mutating the TiledMma here, inside the loop, would not be threaded
+    through the staged control flow)."""
     num_k_blocks = cute.size(tCrA, mode=[2])
-    # The caller has set ACCUMULATE once for the whole persistent loop (mutating the TiledMma here,
-    # inside the loop, would not be threaded through the staged control flow); so clear first.
-    acc.fill(0.0)
     # Prologue: the first stage, with no earlier group to keep in flight.
     ab_pipeline.consumer_wait(read_state)
     cute.nvgpu.warpgroup.fence()
@@ -77,9 +79,35 @@ def consume_tile(
         ab_pipeline.consumer_release(release_state)
         release_state.advance()
         read_state.advance()
+    return read_state, release_state
+
+
+@cute.jit
+def retire_tile(ab_pipeline: pipeline.PipelineTmaAsync, release_state: pipeline.PipelineState):
+    """Wait for the tile's last WGMMAs and free the stage they read."""
     cute.nvgpu.warpgroup.wait_group(0)
     ab_pipeline.consumer_release(release_state)
     release_state.advance()
+    return release_state
+
+
+@cute.jit
+def consume_tile(
+    ab_pipeline: pipeline.PipelineTmaAsync,
+    read_state: pipeline.PipelineState,
+    release_state: pipeline.PipelineState,
+    tiled_mma: cute.TiledMma,
+    acc: cute.Tensor,
+    tCrA: cute.Tensor,
+    tCrB: cute.Tensor,
+    k_tiles: cutlass.Int32,
+):
+    """acc = sum over K of A_k @ B_k for one tile; returns (read_state, release_state)."""
+    acc.fill(0.0)
+    read_state, release_state = issue_tile_mmas(
+        ab_pipeline, read_state, release_state, tiled_mma, acc, tCrA, tCrB, k_tiles
+    )
+    release_state = retire_tile(ab_pipeline, release_state)
     return read_state, release_state
 
 
@@ -122,29 +150,13 @@ def consume_tile_pingpong(
     first WGMMAs then queue right behind them, so the tensor cores never drain), retires its own,
     and finally skips the ring stages of the other warpgroup's next tile (k_tiles of them), which
     that warpgroup reads and releases. Returns (read_state, release_state)."""
-    num_k_blocks = cute.size(tCrA, mode=[2])
     acc.fill(0.0)
     order_wait(order_base, wg)
-    ab_pipeline.consumer_wait(read_state)
-    cute.nvgpu.warpgroup.fence()
-    for kb in cutlass.range_constexpr(num_k_blocks):
-        cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read_state.index)], tCrB[(None, None, kb, read_state.index)], acc)
-    cute.nvgpu.warpgroup.commit_group()
-    read_state.advance()
-    for k in cutlass.range(1, k_tiles, unroll=1):
-        ab_pipeline.consumer_wait(read_state)
-        cute.nvgpu.warpgroup.fence()
-        for kb in cutlass.range_constexpr(num_k_blocks):
-            cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read_state.index)], tCrB[(None, None, kb, read_state.index)], acc)
-        cute.nvgpu.warpgroup.commit_group()
-        cute.nvgpu.warpgroup.wait_group(1)
-        ab_pipeline.consumer_release(release_state)
-        release_state.advance()
-        read_state.advance()
+    read_state, release_state = issue_tile_mmas(
+        ab_pipeline, read_state, release_state, tiled_mma, acc, tCrA, tCrB, k_tiles
+    )
     order_arrive(order_base, wg)
-    cute.nvgpu.warpgroup.wait_group(0)
-    ab_pipeline.consumer_release(release_state)
-    release_state.advance()
+    release_state = retire_tile(ab_pipeline, release_state)
     # The other warpgroup's tile comes next in the ring.
     read_state.advance(k_tiles)
     release_state.advance(k_tiles)
