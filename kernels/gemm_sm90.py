@@ -33,6 +33,7 @@ Consumer schedules (config.consumers):
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 from typing import Optional
 
 import cuda.bindings.driver as cuda
@@ -402,54 +403,24 @@ class PersistentGemmSm90:
                 gcG = cute.local_tile(cute.make_identity_tensor((m_size, n_size)), (tm, tn), (None, None))
                 acc = cute.make_rmem_tensor(tCcT.shape, self.acc_dtype)
 
-                # Registers -> smem for the acc-shaped channels: stmatrix (16-bit) or plain stores.
-                row = LayoutEnum.ROW_MAJOR
-                c_atom_d = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.d_dtype)
-                r2s_d = cute.make_tiled_copy_S(
-                    sm90_utils.get_smem_store_op(row, self.d_dtype, self.acc_dtype),
-                    cute.make_tiled_copy_C_atom(c_atom_d, tiled_mma),
+                ep = self._epilogue_setup(
+                    tiled_mma, mma_tidx, acc,
+                    storage.sD.get_tensor(sD_layout.outer, swizzle=sD_layout.inner),
+                    storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner),
+                    storage.sH.get_tensor(sH_layout.outer, swizzle=sH_layout.inner),
+                    storage.sX.get_tensor(sX_layout.outer, swizzle=sX_layout.inner),
+                    storage.sL.get_tensor(sL_layout.outer, swizzle=sL_layout.inner),
+                    tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, l_mbar,
                 )
-                c_atom_p = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.post_dtype)
-                r2s_p = cute.make_tiled_copy_S(
-                    sm90_utils.get_smem_store_op(row, self.post_dtype, self.acc_dtype),
-                    cute.make_tiled_copy_C_atom(c_atom_p, tiled_mma),
-                )
-                thr_r2s_d = r2s_d.get_slice(mma_tidx)
-                thr_r2s_p = r2s_p.get_slice(mma_tidx)
-
-                sD = storage.sD.get_tensor(sD_layout.outer, swizzle=sD_layout.inner)
-                sP = storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)
-                sH = storage.sH.get_tensor(sH_layout.outer, swizzle=sH_layout.inner)
-                sX = storage.sX.get_tensor(sX_layout.outer, swizzle=sX_layout.inner)
-                sL = storage.sL.get_tensor(sL_layout.outer, swizzle=sL_layout.inner)
-                tRS_sD = thr_r2s_d.partition_D(sD)
-                tRS_sP = thr_r2s_p.partition_D(sP)
-                tRS_acc = r2s_d.retile(acc)
-                sub_shape = thr_r2s_d.partition_S(sD).shape[:3]
-                S = cute.size(sub_shape)
-                rAcc = cute.make_rmem_tensor(sub_shape, self.acc_dtype)
-                rD = cute.make_rmem_tensor(sub_shape, self.acc_dtype)
-                rP = cute.make_rmem_tensor(sub_shape, self.acc_dtype)
-                rD_out = cute.make_rmem_tensor(sub_shape, self.d_dtype)
-                rP_out = cute.make_rmem_tensor(sub_shape, self.post_dtype)
-
-                # TMA views: (TMA, subtiles_m, subtiles_n, 1) of each global channel tensor; subtile
-                # (i, j) of a channel covers the same accumulator columns for every channel width.
-                bD_s, bD_g = self._tma_view(tma_d, mD, sD, "D")
-                bP_s, bP_g = self._tma_view(tma_p, mP, sP, "P")
-                bH_s, bH_g = self._tma_view(tma_h, mH, sH, "H")
-                bX_s, bX_g = self._tma_view(tma_x, mX, sX, "X")
-                bL_s, bL_g = self._tma_view(tma_l, mL, sL, "L")
-                l_bytes = tm * self.ch_width["L"] * self.d_dtype.width // 8
-
+                # Visit order = the accumulators' own (one m64 atom per warpgroup along M).
+                acc_of = list(range(cute.size(ep.tRS_acc)))
+                S = ep.S  # a Python int; read inside the tile loop, ep's ints would arrive dynamic
                 epi_barrier = pipeline.NamedBarrier(barrier_id=1, num_threads=self.num_mma_threads)
                 store_pipeline = pipeline.PipelineTmaStore.create(
                     num_stages=EPI_STAGES,
                     producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads),
                 )
                 store_warp = 4  # first consumer warp issues the TMA stores
-                num_sub = tn // self.epi_tile[1]
-                w = self.epi_tile[1]
 
                 if cutlass.const_expr(self.dynamic):
                     sched = tile_scheduler.DynamicConsumer.create(sched_params, index_pipe, s_idx)
@@ -464,63 +435,16 @@ class PersistentGemmSm90:
                     tc = work.tile_idx
                     if cutlass.const_expr(has["L"]):
                         # Start this tile's first preact subtile now, so it lands during the mainloop.
-                        # One warp issues (the TMA copy elects its own thread: it must be reached by the
-                        # whole warp); one thread of it arms the barrier with the bytes to expect.
                         if warp_idx == store_warp:
-                            nb = epi_count % EPI_STAGES
-                            with cute.arch.elect_one():
-                                cute.arch.mbarrier_arrive_and_expect_tx(l_mbar + nb, l_bytes)
-                            cute.copy(tma_l, bL_g[(None, tc[0], tc[1] * num_sub, 0)], bL_s[(None, nb)], tma_bar_ptr=l_mbar + nb)
+                            self._load_preact(ep, tc, 0, epi_count, 0)
                     read_state, release_state = mainloop.consume_tile(
                         ab_pipeline, read_state, release_state, tiled_mma, acc, tCrA, tCrB, k_tiles
                     )
-                    tCcG = thr_mma.partition_C(gcG[(None, None, tc[0], tc[1])])
-                    for e in cutlass.range_constexpr(num_sub):
-                        buf = epi_count % EPI_STAGES
-                        if cutlass.const_expr(has["L"]):
-                            if cutlass.const_expr(e + 1 < num_sub):
-                                if warp_idx == store_warp:
-                                    nb = (epi_count + 1) % EPI_STAGES
-                                    with cute.arch.elect_one():
-                                        cute.arch.mbarrier_arrive_and_expect_tx(l_mbar + nb, l_bytes)
-                                    cute.copy(
-                                        tma_l, bL_g[(None, tc[0], tc[1] * num_sub + e + 1, 0)], bL_s[(None, nb)],
-                                        tma_bar_ptr=l_mbar + nb,
-                                    )
-                            cute.arch.mbarrier_wait(l_mbar + buf, (epi_count // EPI_STAGES) % 2)
-                        for v in cutlass.range_constexpr(S):
-                            rAcc[v] = tRS_acc[e * S + v]
-                        self.epi.visit(
-                            rAcc, rD, rP, tCcT, tCcG, e * S, e * w, n_size, mBias,
-                            sL[(None, None, buf)] if cutlass.const_expr(has["L"]) else None,
-                            sH[(None, None, buf)] if cutlass.const_expr(has["H"]) else None,
-                            sX[(None, None, buf)] if cutlass.const_expr(has["X"]) else None,
-                        )
-                        if cutlass.const_expr(has["D"]):
-                            rD_out.store(rD.load().to(self.d_dtype))
-                            cute.copy(r2s_d, rD_out, tRS_sD[(None, None, None, buf)])
-                        if cutlass.const_expr(has["P"]):
-                            rP_out.store(rP.load().to(self.post_dtype))
-                            cute.copy(r2s_p, rP_out, tRS_sP[(None, None, None, buf)])
-                        # smem written by the generic proxy, read next by the TMA (async proxy).
-                        cute.arch.fence_proxy("async.shared", space="cta")
-                        epi_barrier.arrive_and_wait()
-                        if warp_idx == store_warp:
-                            sm = tc[0]
-                            sn = tc[1] * num_sub + e
-                            if cutlass.const_expr(has["D"]):
-                                cute.copy(tma_d, bD_s[(None, buf)], bD_g[(None, sm, sn, 0)])
-                            if cutlass.const_expr(has["P"]):
-                                cute.copy(tma_p, bP_s[(None, buf)], bP_g[(None, sm, sn, 0)])
-                            if cutlass.const_expr(has["H"]):
-                                cute.copy(tma_h, bH_s[(None, buf)], bH_g[(None, sm, sn, 0)])
-                            if cutlass.const_expr(has["X"]):
-                                cute.copy(tma_x, bX_s[(None, buf)], bX_g[(None, sm, sn, 0)])
-                            store_pipeline.producer_commit()
-                            # Before buffer `buf` is written again, its store must have read smem.
-                            store_pipeline.producer_acquire()
-                        epi_barrier.arrive_and_wait()
-                        epi_count += 1
+                    epi_count = self._epilogue_tile(
+                        ep, tc, acc_of, tCcT, thr_mma.partition_C(gcG[(None, None, tc[0], tc[1])]),
+                        epi_count, 0, warp_idx == store_warp, epi_barrier, store_pipeline, mBias, n_size,
+                        S, True, False,
+                    )
 
                     sched.advance_to_next_work()
                     work = sched.get_current_work()
@@ -550,42 +474,22 @@ class PersistentGemmSm90:
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
         acc = cute.make_rmem_tensor(thr_mma.partition_C(cute.make_identity_tensor((tm, tn))).shape, self.acc_dtype)
 
-        row = LayoutEnum.ROW_MAJOR
-        c_atom_d = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.d_dtype)
-        r2s_d = cute.make_tiled_copy_S(
-            sm90_utils.get_smem_store_op(row, self.d_dtype, self.acc_dtype),
-            cute.make_tiled_copy_C_atom(c_atom_d, tiled_mma),
-        )
-        c_atom_p = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.post_dtype)
-        r2s_p = cute.make_tiled_copy_S(
-            sm90_utils.get_smem_store_op(row, self.post_dtype, self.acc_dtype),
-            cute.make_tiled_copy_C_atom(c_atom_p, tiled_mma),
-        )
-        thr_r2s_d = r2s_d.get_slice(wg_tidx)
-        thr_r2s_p = r2s_p.get_slice(wg_tidx)
-        tRS_acc = r2s_d.retile(acc)
-        # With two m64 atoms along M (a 128-row tile in one warpgroup), the retiled accumulators
-        # run over all columns of the first 64 rows before the next 64, while a 32-column
-        # subtile's fragment takes both row halves: gather each subtile's values through a static
-        # permutation, and give the epilogue the coordinates in the fragment's (copy) order.
-        acc_of = _subtile_order(tiled_mma, r2s_d, tm, tn)
-        tRS_cT = thr_r2s_d.partition_S(cute.make_identity_tensor((tm, tn)))
-        gcG = cute.local_tile(cute.make_identity_tensor((m_size, n_size)), (tm, tn), (None, None))
+        def copy_order(ep):
+            # With two m64 atoms along M (a 128-row tile in one warpgroup), the retiled
+            # accumulators run over all columns of the first 64 rows before the next 64, while a
+            # 32-column subtile's fragment takes both row halves: gather each subtile's values
+            # through a static permutation, and give the epilogue the coordinates in the
+            # fragment's (copy) order.
+            ep.acc_of = _subtile_order(tiled_mma, ep.r2s_d, tm, tn)
+            ep.cT = ep.thr_r2s_d.partition_S(cute.make_identity_tensor((tm, tn)))
+            ep.gcG = cute.local_tile(cute.make_identity_tensor((m_size, n_size)), (tm, tn), (None, None))
 
-        tRS_sD = thr_r2s_d.partition_D(sD)
-        tRS_sP = thr_r2s_p.partition_D(sP)
-        sub_shape = thr_r2s_d.partition_S(sD).shape[:3]
-        S = cute.size(sub_shape)
-        rAcc = cute.make_rmem_tensor(sub_shape, self.acc_dtype)
-        rD = cute.make_rmem_tensor(sub_shape, self.acc_dtype)
-        rP = cute.make_rmem_tensor(sub_shape, self.acc_dtype)
-        rD_out = cute.make_rmem_tensor(sub_shape, self.d_dtype)
-        rP_out = cute.make_rmem_tensor(sub_shape, self.post_dtype)
-        bD_s, bD_g = self._tma_view(tma_d, mD, sD, "D")
-        bP_s, bP_g = self._tma_view(tma_p, mP, sP, "P")
-        bH_s, bH_g = self._tma_view(tma_h, mH, sH, "H")
-        bX_s, bX_g = self._tma_view(tma_x, mX, sX, "X")
-        bL_s, bL_g = self._tma_view(tma_l, mL, sL, "L")
+        ep = self._epilogue_setup(
+            tiled_mma, wg_tidx, acc, sD, sP, sH, sX, sL,
+            tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, l_mbar, copy_order,
+        )
+        acc_of, tRS_cT, gcG = ep.acc_of, ep.cT, ep.gcG
+        S = ep.S  # a Python int; read inside the tile loop, ep's ints would arrive dynamic
 
         # This warpgroup's own 128-thread barrier and store warp (its first warp); its TMA store
         # groups are that warp's own, so the two warpgroups' store pipelines are independent.
@@ -620,16 +524,17 @@ class PersistentGemmSm90:
             if cutlass.const_expr(has["L"]):
                 # The tile's first preact subtile lands during the mainloop (own ring: no turn).
                 if is_store_warp:
-                    self._load_preact(tma_l, bL_g, bL_s, l_mbar, tc, 0, l_count, wg)
+                    self._load_preact(ep, tc, 0, l_count, wg)
             read_state, release_state = mainloop.consume_tile_pingpong(
                 ab_pipeline, read_state, release_state, tiled_mma, acc, tCrA, tCrB, k_tiles, PP_MMA_ORDER, wg
             )
             mainloop.order_wait(PP_EPI_ORDER, wg)
-            l_count = self._epilogue_pingpong(
-                tc, acc, tRS_acc, acc_of, tRS_cT, thr_r2s_d.partition_S(gcG[(None, None, tc[0], tc[1])]),
-                rAcc, rD, rP, rD_out, rP_out, r2s_d, r2s_p, tRS_sD, tRS_sP, sH, sX, sL,
-                tma_d, bD_s, bD_g, tma_p, bP_s, bP_g, tma_h, bH_s, bH_g, tma_x, bX_s, bX_g, tma_l, bL_s, bL_g,
-                l_mbar, l_count, wg, is_store_warp, epi_barrier, store_pipeline, mBias, n_size, S,
+            # The output buffers start drained at every turn (buffer e % 2), and are handed over
+            # drained (the last subtile waits for all of this tile's stores to have read smem).
+            l_count = self._epilogue_tile(
+                ep, tc, acc_of, tRS_cT, ep.thr_r2s_d.partition_S(gcG[(None, None, tc[0], tc[1])]),
+                l_count, wg, is_store_warp, epi_barrier, store_pipeline, mBias, n_size,
+                S, False, True,
             )
             mainloop.order_arrive(PP_EPI_ORDER, wg)
             # Next own tile: skip the other warpgroup's. The dynamic scheduler's ring ends with one
@@ -645,73 +550,134 @@ class PersistentGemmSm90:
                 work = sched.get_current_work()
         store_pipeline.producer_tail()
 
-    @cute.jit
-    def _load_preact(self, tma_l, bL_g, bL_s, l_mbar, tc, e: cutlass.Constexpr, l_count, wg):
-        """Issue preact subtile e of tile tc into slot l_count % 2 of warpgroup wg's L ring (by a
-        whole warp: the TMA copy elects its own thread; one thread arms the barrier)."""
-        num_sub = self.tile_shape_mnk[1] // self.epi_tile[1]
-        slot = wg * EPI_STAGES + l_count % EPI_STAGES
-        l_bytes = self.tile_shape_mnk[0] * self.ch_width["L"] * self.d_dtype.width // 8
-        with cute.arch.elect_one():
-            cute.arch.mbarrier_arrive_and_expect_tx(l_mbar + slot, l_bytes)
-        cute.copy(tma_l, bL_g[(None, tc[0], tc[1] * num_sub + e, 0)], bL_s[(None, slot)], tma_bar_ptr=l_mbar + slot)
+    # ---- the epilogue, shared by both consumer schedules ---------------------------------------
+
+    def _epilogue_setup(
+        self, tiled_mma, thr_idx, acc, sD, sP, sH, sX, sL,
+        tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, l_mbar, copy_order=None,
+    ):
+        """Everything the epilogue needs that does not change from tile to tile, for the
+        consumer thread `thr_idx` of the MMA (a namespace, built once before the tile loop):
+        the registers -> smem copies of the acc-shaped channels (stmatrix for 16-bit outputs),
+        their smem partitions, the subtile fragments, and the TMA views of every channel.
+        `copy_order(ep)`, if given, adds the visit order and coordinates of an epilogue that
+        walks the accumulators in the copy's order (pingpong); it runs where the pingpong
+        consumer always built them, so that kernel's generated code stays as it was."""
+        row = LayoutEnum.ROW_MAJOR
+        ep = SimpleNamespace(tma={"D": tma_d, "P": tma_p, "H": tma_h, "X": tma_x, "L": tma_l}, l_mbar=l_mbar)
+        c_atom_d = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.d_dtype)
+        ep.r2s_d = cute.make_tiled_copy_S(
+            sm90_utils.get_smem_store_op(row, self.d_dtype, self.acc_dtype),
+            cute.make_tiled_copy_C_atom(c_atom_d, tiled_mma),
+        )
+        c_atom_p = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.post_dtype)
+        ep.r2s_p = cute.make_tiled_copy_S(
+            sm90_utils.get_smem_store_op(row, self.post_dtype, self.acc_dtype),
+            cute.make_tiled_copy_C_atom(c_atom_p, tiled_mma),
+        )
+        ep.thr_r2s_d = ep.r2s_d.get_slice(thr_idx)
+        thr_r2s_p = ep.r2s_p.get_slice(thr_idx)
+        ep.sH, ep.sX, ep.sL = sH, sX, sL
+        if cutlass.const_expr(copy_order is None):
+            ep.tRS_sD = ep.thr_r2s_d.partition_D(sD)
+            ep.tRS_sP = thr_r2s_p.partition_D(sP)
+            ep.tRS_acc = ep.r2s_d.retile(acc)
+        else:
+            ep.tRS_acc = ep.r2s_d.retile(acc)
+            copy_order(ep)
+            ep.tRS_sD = ep.thr_r2s_d.partition_D(sD)
+            ep.tRS_sP = thr_r2s_p.partition_D(sP)
+        sub_shape = ep.thr_r2s_d.partition_S(sD).shape[:3]
+        ep.S = cute.size(sub_shape)
+        ep.rAcc = cute.make_rmem_tensor(sub_shape, self.acc_dtype)
+        ep.rD = cute.make_rmem_tensor(sub_shape, self.acc_dtype)
+        ep.rP = cute.make_rmem_tensor(sub_shape, self.acc_dtype)
+        ep.rD_out = cute.make_rmem_tensor(sub_shape, self.d_dtype)
+        ep.rP_out = cute.make_rmem_tensor(sub_shape, self.post_dtype)
+        # TMA views: (TMA, subtiles_m, subtiles_n, 1) of each global channel tensor; subtile
+        # (i, j) of a channel covers the same accumulator columns for every channel width.
+        ep.smem, ep.gmem = {}, {}
+        for c, mT, sT in (("D", mD, sD), ("P", mP, sP), ("H", mH, sH), ("X", mX, sX), ("L", mL, sL)):
+            ep.smem[c], ep.gmem[c] = self._tma_view(ep.tma[c], mT, sT, c)
+        return ep
 
     @cute.jit
-    def _epilogue_pingpong(
-        self, tc, acc, tRS_acc, acc_of, tRS_cT, tRS_cG, rAcc, rD, rP, rD_out, rP_out, r2s_d, r2s_p,
-        tRS_sD, tRS_sP, sH, sX, sL,
-        tma_d, bD_s, bD_g, tma_p, bP_s, bP_g, tma_h, bH_s, bH_g, tma_x, bX_s, bX_g, tma_l, bL_s, bL_g,
-        l_mbar, l_count, wg, is_store_warp, epi_barrier, store_pipeline, mBias, n_size, S: cutlass.Constexpr,
+    def _load_preact(self, ep, tc, e: cutlass.Constexpr, count, wg):
+        """Issue preact subtile e of tile tc into slot count % 2 of warpgroup wg's two-slot L ring
+        (cooperative: wg = 0). Called by a whole warp: the TMA copy elects its own thread; one
+        thread arms the slot's barrier with the bytes to expect."""
+        num_sub = self.tile_shape_mnk[1] // self.epi_tile[1]
+        slot = wg * EPI_STAGES + count % EPI_STAGES
+        l_bytes = self.tile_shape_mnk[0] * self.ch_width["L"] * self.d_dtype.width // 8
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_arrive_and_expect_tx(ep.l_mbar + slot, l_bytes)
+        cute.copy(
+            ep.tma["L"], ep.gmem["L"][(None, tc[0], tc[1] * num_sub + e, 0)], ep.smem["L"][(None, slot)],
+            tma_bar_ptr=ep.l_mbar + slot,
+        )
+
+    @cute.jit
+    def _epilogue_tile(
+        self, ep, tc, acc_of, cT, cG, count, wg, is_store_warp, epi_barrier, store_pipeline, mBias, n_size,
+        S: cutlass.Constexpr, buffer_by_count: cutlass.Constexpr, drain_last: cutlass.Constexpr,
     ):
-        """One warpgroup's whole-tile epilogue, 32 columns at a time, while it holds the epilogue
-        turn. Same per-subtile steps as the cooperative epilogue; returns the new l_count."""
+        """One tile's epilogue, 32 accumulator columns (one subtile) at a time; returns the
+        subtile count advanced by the tile's subtiles.
+
+        Per subtile: wait for its preact (dact; the next one's load is issued first), gather its
+        accumulators (value v of subtile e is register acc_of[e * S + v], at tile coordinates
+        cT and problem coordinates cG), run the variant's `visit`, write the acc-shaped outputs
+        by stmatrix, then the store warp sends every channel's smem subtile out by TMA and waits
+        until the store issued one subtile earlier has read its buffer, which is the one written
+        next. S is the number of accumulator values per subtile (a compile-time constant).
+        `count` numbers this thread group's subtiles: it picks the preact slot and its
+        phase, and the output buffer when `buffer_by_count` (else buffer e % 2, for epilogues that
+        start drained); `drain_last` waits for all stores at the last subtile instead.
+        """
         has = {c: self.ch_width[c] > 0 for c in self.ch_width}
         w = self.epi_tile[1]
         num_sub = self.tile_shape_mnk[1] // w
         for e in cutlass.range_constexpr(num_sub):
-            buf = e % EPI_STAGES  # the shared output buffers start drained at every epilogue
-            lslot = wg * EPI_STAGES + l_count % EPI_STAGES
+            buf = count % EPI_STAGES if cutlass.const_expr(buffer_by_count) else e % EPI_STAGES
+            lslot = wg * EPI_STAGES + count % EPI_STAGES
             if cutlass.const_expr(has["L"]):
                 if cutlass.const_expr(e + 1 < num_sub):
                     if is_store_warp:
-                        self._load_preact(tma_l, bL_g, bL_s, l_mbar, tc, e + 1, l_count + 1, wg)
-                cute.arch.mbarrier_wait(l_mbar + lslot, (l_count // EPI_STAGES) % 2)
+                        self._load_preact(ep, tc, e + 1, count + 1, wg)
+                cute.arch.mbarrier_wait(ep.l_mbar + lslot, (count // EPI_STAGES) % 2)
             for v in cutlass.range_constexpr(S):
-                rAcc[v] = tRS_acc[acc_of[e * S + v]]
+                ep.rAcc[v] = ep.tRS_acc[acc_of[e * S + v]]
             self.epi.visit(
-                rAcc, rD, rP, tRS_cT, tRS_cG, e * S, e * w, n_size, mBias,
-                sL[(None, None, lslot)] if cutlass.const_expr(has["L"]) else None,
-                sH[(None, None, buf)] if cutlass.const_expr(has["H"]) else None,
-                sX[(None, None, buf)] if cutlass.const_expr(has["X"]) else None,
+                ep.rAcc, ep.rD, ep.rP, cT, cG, e * S, e * w, n_size, mBias,
+                ep.sL[(None, None, lslot)] if cutlass.const_expr(has["L"]) else None,
+                ep.sH[(None, None, buf)] if cutlass.const_expr(has["H"]) else None,
+                ep.sX[(None, None, buf)] if cutlass.const_expr(has["X"]) else None,
             )
             if cutlass.const_expr(has["D"]):
-                rD_out.store(rD.load().to(self.d_dtype))
-                cute.copy(r2s_d, rD_out, tRS_sD[(None, None, None, buf)])
+                ep.rD_out.store(ep.rD.load().to(self.d_dtype))
+                cute.copy(ep.r2s_d, ep.rD_out, ep.tRS_sD[(None, None, None, buf)])
             if cutlass.const_expr(has["P"]):
-                rP_out.store(rP.load().to(self.post_dtype))
-                cute.copy(r2s_p, rP_out, tRS_sP[(None, None, None, buf)])
+                ep.rP_out.store(ep.rP.load().to(self.post_dtype))
+                cute.copy(ep.r2s_p, ep.rP_out, ep.tRS_sP[(None, None, None, buf)])
+            # smem written by the generic proxy, read next by the TMA (async proxy).
             cute.arch.fence_proxy("async.shared", space="cta")
             epi_barrier.arrive_and_wait()
             if is_store_warp:
                 sm = tc[0]
                 sn = tc[1] * num_sub + e
-                if cutlass.const_expr(has["D"]):
-                    cute.copy(tma_d, bD_s[(None, buf)], bD_g[(None, sm, sn, 0)])
-                if cutlass.const_expr(has["P"]):
-                    cute.copy(tma_p, bP_s[(None, buf)], bP_g[(None, sm, sn, 0)])
-                if cutlass.const_expr(has["H"]):
-                    cute.copy(tma_h, bH_s[(None, buf)], bH_g[(None, sm, sn, 0)])
-                if cutlass.const_expr(has["X"]):
-                    cute.copy(tma_x, bX_s[(None, buf)], bX_g[(None, sm, sn, 0)])
+                for c in ("D", "P", "H", "X"):
+                    if cutlass.const_expr(has[c]):
+                        cute.copy(ep.tma[c], ep.smem[c][(None, buf)], ep.gmem[c][(None, sm, sn, 0)])
                 store_pipeline.producer_commit()
-                if cutlass.const_expr(e + 1 < num_sub):
-                    store_pipeline.producer_acquire()
-                else:
+                if cutlass.const_expr(drain_last and e + 1 == num_sub):
                     # Hand the shared buffers over empty: every store of this tile has read smem.
                     cute.arch.cp_async_bulk_wait_group(0, read=True)
+                else:
+                    # Before buffer `buf` is written again, its store must have read smem.
+                    store_pipeline.producer_acquire()
             epi_barrier.arrive_and_wait()
-            l_count += 1
-        return l_count
+            count += 1
+        return count
 
 
 def _subtile_order(tiled_mma, r2s, tm: int, tn: int):
