@@ -422,13 +422,7 @@ class PersistentGemmSm90:
                 )
                 store_warp = 4  # first consumer warp issues the TMA stores
 
-                if cutlass.const_expr(self.dynamic):
-                    sched = tile_scheduler.DynamicConsumer.create(sched_params, index_pipe, s_idx)
-                else:
-                    sched = tile_scheduler.create(sched_params)
-                work = sched.initial_work_tile_info()
-                read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
-                release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
+                sched, work, read_state, release_state = self._consumer_start(sched_params, index_pipe, s_idx)
                 epi_count = cutlass.Int32(0)
                 tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
                 while work.is_valid_tile:
@@ -500,13 +494,7 @@ class PersistentGemmSm90:
         )
         is_store_warp = warp_idx % 4 == 0
 
-        if cutlass.const_expr(self.dynamic):
-            sched = tile_scheduler.DynamicConsumer.create(sched_params, index_pipe, s_idx)
-        else:
-            sched = tile_scheduler.create(sched_params)
-        work = sched.initial_work_tile_info()
-        read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
-        release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
+        sched, work, read_state, release_state = self._consumer_start(sched_params, index_pipe, s_idx)
         if wg == 1:
             # WG0 goes first in both orders; WG1 starts at the CTA's second tile.
             mainloop.order_arrive(PP_MMA_ORDER, wg)
@@ -549,6 +537,18 @@ class PersistentGemmSm90:
                 sched.advance_to_next_work()
                 work = sched.get_current_work()
         store_pipeline.producer_tail()
+
+    def _consumer_start(self, sched_params, index_pipe, s_idx):
+        """A consumer's tile scheduler (the dynamic one reads the producer's index ring), its
+        first tile, and its read / release positions in the A/B ring."""
+        if cutlass.const_expr(self.dynamic):
+            sched = tile_scheduler.DynamicConsumer.create(sched_params, index_pipe, s_idx)
+        else:
+            sched = tile_scheduler.create(sched_params)
+        work = sched.initial_work_tile_info()
+        read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
+        release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
+        return sched, work, read_state, release_state
 
     # ---- the epilogue, shared by both consumer schedules ---------------------------------------
 
