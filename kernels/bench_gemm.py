@@ -46,6 +46,11 @@ def main(argv=None):
         "--groups", default=None,
         help="with --sweep: comma-separated rasterization groups to time each candidate at (e.g. 8,16)",
     )
+    p.add_argument(
+        "--dact-prefetch", type=int, default=None, choices=[1, 2, 3],
+        help="run the dact rows with this GemmConfig.dact_prefetch (2, 3: dpreact in place over a "
+        "deeper preact ring) on their default config",
+    )
     args = p.parse_args(argv)
 
     from parallel_mlp.activations import ACTIVATIONS
@@ -115,6 +120,9 @@ def main(argv=None):
             ours = functools.partial(_with_config, ours, cfg)
         elif args.scheduler:
             ours = functools.partial(_with_scheduler, ours, args.scheduler)
+        if args.dact_prefetch and "dact" in name:
+            cfg = dataclasses.replace(default_config(M, N, K), dact_prefetch=args.dact_prefetch)
+            ours = functools.partial(_with_config, ours, cfg)
         t_ref = bench(ref)
         t_ours = bench(ours)
         print(

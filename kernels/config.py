@@ -44,6 +44,12 @@ class GemmConfig:
     # "pingpong": tile_m x tile_n is ONE warpgroup's tile; the two warpgroups take alternate tiles
     # and their mainloops alternate, so one's epilogue overlaps the other's mainloop.
     consumers: str = "cooperative"
+    # dact only: how many preact subtiles are loaded ahead of the one being computed. 1: a
+    # two-slot preact ring and separate dpreact buffers. 2 or 3: a ring of 3 or 4 slots, with
+    # dpreact written in place over its preact and stored from there, so the dpreact buffers'
+    # shared memory holds the deeper ring (cooperative consumers only). At 128x256, a gated dact
+    # keeps 3 A/B stages with 2 and drops to 2 with 3.
+    dact_prefetch: int = 1
 
     def __post_init__(self):
         if self.tile_m not in (64, 128):
@@ -72,6 +78,14 @@ class GemmConfig:
                     f"{PINGPONG_MAX_ACC_REGS} (e.g. 128x128 or 64x256)"
                 )
 
+        if self.dact_prefetch not in (1, 2, 3):
+            raise ValueError(f"dact_prefetch={self.dact_prefetch}: must be 1, 2 or 3")
+        if self.dact_prefetch != 1 and self.consumers != "cooperative":
+            raise ValueError(
+                f"dact_prefetch={self.dact_prefetch} with consumers={self.consumers!r}: the deeper "
+                "preact ring is built for cooperative consumers only"
+            )
+
     @property
     def key(self) -> str:
         # The scheduler is part of the name of every compiled kernel (and of its disk-cache file);
@@ -79,9 +93,10 @@ class GemmConfig:
         # Likewise the consumer schedule: cooperative names are unchanged.
         sched = "" if self.scheduler == "static" else f"_{self.scheduler}"
         cons = "" if self.consumers == "cooperative" else f"_{self.consumers}"
+        pf = "" if self.dact_prefetch == 1 else f"_pf{self.dact_prefetch}"
         return (
             f"t{self.tile_m}x{self.tile_n}_c{self.cluster_m}x{self.cluster_n}"
-            f"_g{self.raster_group}_sm{self.num_sms}{sched}{cons}"
+            f"_g{self.raster_group}_sm{self.num_sms}{sched}{cons}{pf}"
         )
 
 

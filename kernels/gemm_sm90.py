@@ -85,6 +85,12 @@ class PersistentGemmSm90:
         self.epi_tile = (config.tile_m, 32)
         self.max_active_clusters = config.num_sms // (config.cluster_m * config.cluster_n)
         self.dynamic = config.scheduler == "dynamic"
+        # dact with dact_prefetch 2 or 3: dpreact is written in place over its preact subtile
+        # and stored from there, which frees the dpreact buffers for a preact ring of
+        # dact_prefetch + 1 slots (else a two-slot ring, one load ahead).
+        self.dpre_in_place = epilogue.kind == "dact" and config.dact_prefetch > 1
+        self.l_ring = config.dact_prefetch + 1 if self.dpre_in_place else EPI_STAGES  # slots per warpgroup
+        self.l_ahead = self.l_ring - 1  # preact subtiles loaded ahead of the one computed
 
     # ---- host-side setup (runs while tracing __call__) -----------------------------------------
     #
@@ -99,11 +105,12 @@ class PersistentGemmSm90:
     def _channel_widths(self):
         e = self.epi
         w = self.epi_tile[1]
+        in_place = self.dpre_in_place  # dpreact leaves from the preact ring (L) instead
         return {
-            "D": w if e.has_tma_d else 0,
+            "D": w if e.has_tma_d and not in_place else 0,
             "P": w if e.has_tma_post else 0,
             "H": w // 2 if e.has_half_post else 0,
-            "X": 2 * w if e.has_dpre_x2 else 0,
+            "X": 2 * w if e.has_dpre_x2 and not in_place else 0,
             "L": (2 * w if e.gated else w) if e.loads_preact else 0,
         }
 
@@ -115,7 +122,7 @@ class PersistentGemmSm90:
         # then one 1 KB-aligned buffer per channel; an absent channel still takes its 1 KB slot.
         # Pingpong: the output channels are shared by the two warpgroups (their epilogues take
         # turns), but each has its own preact ring (L), loaded before its mainloop.
-        self.l_stages = EPI_STAGES * (2 if self.pingpong else 1)
+        self.l_stages = self.l_ring * (2 if self.pingpong else 1)
         stages = {c: (self.l_stages if c == "L" else EPI_STAGES) for c in widths}
         epi_bytes = sum(
             tm * w * dtypes[c].width // 8 * stages[c] if w else 1024 for c, w in widths.items()
@@ -210,6 +217,12 @@ class PersistentGemmSm90:
         tma_h, tH = self._tma(store, mPost, "H")
         tma_x, tX = self._tma(store, mDpre, "X")
         tma_l, tL = self._tma(cpasync.CopyBulkTensorTileG2SOp(), mPreIn, "L")
+        if cutlass.const_expr(self.dpre_in_place):
+            # dpreact leaves from the preact slot it overwrote: a store atom with L's smem layout.
+            if cutlass.const_expr(self.epi.gated):
+                tma_x, tX = self._tma(store, mDpre, "L")
+            else:
+                tma_d, tD = self._tma(store, mD, "L")
 
         # Persistent grid over (tiles_m, tiles_n) output tiles.
         m_size = cute.size(mA, mode=[0])
@@ -428,9 +441,11 @@ class PersistentGemmSm90:
                 while work.is_valid_tile:
                     tc = work.tile_idx
                     if cutlass.const_expr(has["L"]):
-                        # Start this tile's first preact subtile now, so it lands during the mainloop.
+                        # Start this tile's first preact subtiles now, so they land during the
+                        # mainloop (their slots' stores finished by the last tile's last acquire).
                         if warp_idx == store_warp:
-                            self._load_preact(ep, tc, 0, epi_count, 0)
+                            for e in cutlass.range_constexpr(min(self.l_ahead, tn // self.epi_tile[1])):
+                                self._load_preact(ep, tc, e, epi_count + e, 0)
                     read_state, release_state = mainloop.consume_tile(
                         ab_pipeline, read_state, release_state, tiled_mma, acc, tCrA, tCrB, k_tiles
                     )
@@ -599,15 +614,23 @@ class PersistentGemmSm90:
         ep.smem, ep.gmem = {}, {}
         for c, mT, sT in (("D", mD, sD), ("P", mP, sP), ("H", mH, sH), ("X", mX, sX), ("L", mL, sL)):
             ep.smem[c], ep.gmem[c] = self._tma_view(ep.tma[c], mT, sT, c)
+        # In place: dpreact (channel X if gated, else D) is written into, and stored from, the
+        # preact ring; the non-gated one by stmatrix, like channel D.
+        ep.dpre = None
+        if cutlass.const_expr(self.dpre_in_place):
+            ep.dpre = "X" if self.epi.gated else "D"
+            mT = mX if self.epi.gated else mD
+            ep.smem[ep.dpre], ep.gmem[ep.dpre] = self._tma_view(ep.tma[ep.dpre], mT, sL, "L")
+            ep.tRS_sL = ep.thr_r2s_d.partition_D(sL)
         return ep
 
     @cute.jit
     def _load_preact(self, ep, tc, e: cutlass.Constexpr, count, wg):
-        """Issue preact subtile e of tile tc into slot count % 2 of warpgroup wg's two-slot L ring
-        (cooperative: wg = 0). Called by a whole warp: the TMA copy elects its own thread; one
-        thread arms the slot's barrier with the bytes to expect."""
+        """Issue preact subtile e of tile tc into slot count % l_ring of warpgroup wg's preact
+        ring (cooperative: wg = 0). Called by a whole warp: the TMA copy elects its own thread;
+        one thread arms the slot's barrier with the bytes to expect."""
         num_sub = self.tile_shape_mnk[1] // self.epi_tile[1]
-        slot = wg * EPI_STAGES + count % EPI_STAGES
+        slot = wg * self.l_ring + count % self.l_ring
         l_bytes = self.tile_shape_mnk[0] * self.ch_width["L"] * self.d_dtype.width // 8
         with cute.arch.elect_one():
             cute.arch.mbarrier_arrive_and_expect_tx(ep.l_mbar + slot, l_bytes)
@@ -624,7 +647,9 @@ class PersistentGemmSm90:
         """One tile's epilogue, 32 accumulator columns (one subtile) at a time; returns the
         subtile count advanced by the tile's subtiles.
 
-        Per subtile: wait for its preact (dact; the next one's load is issued first), gather its
+        Per subtile: wait for its preact (dact; the next one's load is issued first, or, with
+        dpreact in place, the one l_ahead subtiles ahead once the previous subtile's stores have
+        read its slot), gather its
         accumulators (value v of subtile e is register acc_of[e * S + v], at tile coordinates
         cT and problem coordinates cG), run the variant's `visit`, write the acc-shaped outputs
         by stmatrix, then the store warp sends every channel's smem subtile out by TMA and waits
@@ -639,23 +664,27 @@ class PersistentGemmSm90:
         num_sub = self.tile_shape_mnk[1] // w
         for e in cutlass.range_constexpr(num_sub):
             buf = count % EPI_STAGES if cutlass.const_expr(buffer_by_count) else e % EPI_STAGES
-            lslot = wg * EPI_STAGES + count % EPI_STAGES
+            lslot = wg * self.l_ring + count % self.l_ring
             if cutlass.const_expr(has["L"]):
-                if cutlass.const_expr(e + 1 < num_sub):
+                if cutlass.const_expr(not self.dpre_in_place and e + 1 < num_sub):
                     if is_store_warp:
                         self._load_preact(ep, tc, e + 1, count + 1, wg)
-                cute.arch.mbarrier_wait(ep.l_mbar + lslot, (count // EPI_STAGES) % 2)
+                cute.arch.mbarrier_wait(ep.l_mbar + lslot, (count // self.l_ring) % 2)
             for v in cutlass.range_constexpr(S):
                 ep.rAcc[v] = ep.tRS_acc[acc_of[e * S + v]]
             self.epi.visit(
                 ep.rAcc, ep.rD, ep.rP, cT, cG, e * S, e * w, n_size, mBias,
                 ep.sL[(None, None, lslot)] if cutlass.const_expr(has["L"]) else None,
                 ep.sH[(None, None, buf)] if cutlass.const_expr(has["H"]) else None,
-                ep.sX[(None, None, buf)] if cutlass.const_expr(has["X"]) else None,
+                ep.sL[(None, None, lslot)] if cutlass.const_expr(ep.dpre == "X")
+                else (ep.sX[(None, None, buf)] if cutlass.const_expr(has["X"]) else None),
             )
             if cutlass.const_expr(has["D"]):
                 ep.rD_out.store(ep.rD.load().to(self.d_dtype))
                 cute.copy(ep.r2s_d, ep.rD_out, ep.tRS_sD[(None, None, None, buf)])
+            if cutlass.const_expr(ep.dpre == "D"):
+                ep.rD_out.store(ep.rD.load().to(self.d_dtype))
+                cute.copy(ep.r2s_d, ep.rD_out, ep.tRS_sL[(None, None, None, lslot)])
             if cutlass.const_expr(has["P"]):
                 ep.rP_out.store(ep.rP.load().to(self.post_dtype))
                 cute.copy(ep.r2s_p, ep.rP_out, ep.tRS_sP[(None, None, None, buf)])
@@ -666,7 +695,9 @@ class PersistentGemmSm90:
                 sm = tc[0]
                 sn = tc[1] * num_sub + e
                 for c in ("D", "P", "H", "X"):
-                    if cutlass.const_expr(has[c]):
+                    if cutlass.const_expr(c == ep.dpre):
+                        cute.copy(ep.tma[c], ep.smem[c][(None, lslot)], ep.gmem[c][(None, sm, sn, 0)])
+                    elif cutlass.const_expr(has[c]):
                         cute.copy(ep.tma[c], ep.smem[c][(None, buf)], ep.gmem[c][(None, sm, sn, 0)])
                 store_pipeline.producer_commit()
                 if cutlass.const_expr(drain_last and e + 1 == num_sub):
@@ -675,6 +706,10 @@ class PersistentGemmSm90:
                 else:
                     # Before buffer `buf` is written again, its store must have read smem.
                     store_pipeline.producer_acquire()
+                    if cutlass.const_expr(self.dpre_in_place and e + self.l_ahead < num_sub):
+                        # The previous subtile's stores have read its preact slot, which is the
+                        # slot of subtile e + l_ahead: refill it.
+                        self._load_preact(ep, tc, e + self.l_ahead, count + self.l_ahead, wg)
             epi_barrier.arrive_and_wait()
             count += 1
         return count

@@ -64,6 +64,29 @@ def variants(quick: bool = False):
         out.append(KernelKey(EpilogueSpec("store"), c, "bfloat16", "row", "row", "bfloat16"))
     out += dynamic_variants(quick)
     out += pingpong_variants(quick)
+    out += dact_prefetch_variants(quick)
+    return out
+
+
+def dact_prefetch_variants(quick: bool = False):
+    """The dact with dpreact written in place over a deeper preact ring (config.dact_prefetch 2
+    and 3): gated and non-gated, both dtypes, the default tile and its 2x1 cluster."""
+    def c(pf, cm=1):
+        return GemmConfig(128, 256, cm, 1, dact_prefetch=pf)
+
+    if quick:
+        return [
+            KernelKey(EpilogueSpec("dact", "swiglu"), c(2, 2), "bfloat16", "row", "col", "bfloat16"),
+            KernelKey(EpilogueSpec("dact", "relu"), c(3), "bfloat16", "row", "col", "bfloat16"),
+        ]
+    out = []
+    for pf in (2, 3):
+        out += [
+            KernelKey(EpilogueSpec("dact", "swiglu"), c(pf, 2), "bfloat16", "row", "col", "bfloat16"),
+            KernelKey(EpilogueSpec("dact", "geglu"), c(pf), "float16", "row", "col", "float16"),
+            KernelKey(EpilogueSpec("dact", "gelu_tanh_approx"), c(pf, 2), "bfloat16", "row", "col", "bfloat16"),
+            KernelKey(EpilogueSpec("dact", "relu"), c(pf), "float16", "row", "col", "float16"),
+        ]
     return out
 
 

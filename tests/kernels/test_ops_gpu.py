@@ -422,3 +422,51 @@ def test_rasterization_covers_every_tile_once(n, group, cluster):
     acc = base.clone()
     ops.gemm(a, b, out=acc, accumulate=True, config=cfg)
     check(acc, base + a.float() @ b.float(), base + (a @ b).float(), f"accumulate {n} g{group} c{cluster}")
+
+
+# dpreact written in place over a deeper preact ring (GemmConfig.dact_prefetch 2 or 3) moves the
+# same values through other shared memory, so it must equal the two-slot kernel of the same tile
+# bit for bit. Shapes: tails in M, K and the gated width (h = 1040), more tiles than SMs (so the
+# ring carries over from tile to tile), and K = 64 (one k-block: the epilogue dominates).
+@pytest.mark.parametrize("pf", [2, 3])
+@pytest.mark.parametrize("cluster_m", [1, 2])
+@pytest.mark.parametrize("shape", [(1000, 4000, 1040), (2048, 512, 3072), (4096, 64, 2048)])
+@pytest.mark.parametrize("act", ["swiglu", "relu", "gelu_tanh_approx", "geglu"])
+def test_dact_in_place_equals_two_slot_ring(act, shape, cluster_m, pf):
+    from parallel_mlp.kernels import ops
+    from parallel_mlp.kernels.config import GemmConfig
+
+    A = ACTIVATIONS[act]
+    m, k, h = shape
+    width = 2 * h if A.gated else h
+    dy = operand(m, k, "row", torch.bfloat16, k ** -0.5)
+    w2 = operand(k, h, "row", torch.bfloat16)
+    preact = torch.randn(m, width, device="cuda").to(torch.bfloat16)
+    base = GemmConfig(128, 256, cluster_m, 1)
+    want_dpre, want_post = ops.gemm_dact(dy, w2, preact, act, config=base)
+    for i in range(2):
+        dpre, post = ops.gemm_dact(dy, w2, preact, act, config=GemmConfig(128, 256, cluster_m, 1, dact_prefetch=pf))
+        assert torch.equal(dpre, want_dpre), f"{act} {shape} pf{pf}: dpreact differs (launch {i})"
+        assert torch.equal(post, want_post), f"{act} {shape} pf{pf}: postact differs (launch {i})"
+    ref_dpre, ref_post = A.backward(preact.float(), dy.float() @ w2.float())
+    lowp_dpre, lowp_post = A.backward(preact, dy @ w2)
+    check(dpre, ref_dpre, lowp_dpre, f"in-place {act} dpreact {shape} pf{pf}")
+    check(post, ref_post, lowp_post, f"in-place {act} postact {shape} pf{pf}")
+
+
+@pytest.mark.parametrize("act", ["swiglu", "relu"])
+def test_dact_in_place_fp16(act):
+    from parallel_mlp.kernels import ops
+    from parallel_mlp.kernels.config import GemmConfig
+
+    A = ACTIVATIONS[act]
+    m, k, h = 1000, 4000, 1040
+    width = 2 * h if A.gated else h
+    dy = operand(m, k, "row", torch.float16, k ** -0.5)
+    w2 = operand(k, h, "row", torch.float16)
+    preact = torch.randn(m, width, device="cuda").to(torch.float16)
+    want = ops.gemm_dact(dy, w2, preact, act, config=GemmConfig())
+    got = ops.gemm_dact(dy, w2, preact, act, config=GemmConfig(dact_prefetch=2))
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    ref_dpre, _ = A.backward(preact.float(), dy.float() @ w2.float())
+    check(got[0], ref_dpre, A.backward(preact, dy @ w2)[0], f"in-place fp16 {act}")
