@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# One device call that checks and times what a kernel change touches, so a 30-minute device
+# budget goes into measurements rather than machine starts. Run on the GPU host from the repo
+# root (after the device bundle's env.sh and `pip install -e .`); results go under $OUT.
+#
+#   bash tools/gpu_run.sh STEP [STEP ...]  in order; a device call may run 600 s at most, and
+#                                         tests_kernels alone compiles ~300 kernels (~6 min):
+#     tests_kernels  GPU tests of the kernels (incl. pingpong, dynamic, in-place dact)
+#     tests_layer    ParallelMLP on cute vs the fp64 reference, recompute, main_grad (~1 min)
+#     dact         the in-place dact option's GPU tests and its timing (dact_prefetch 2 and 3)
+#     bench_gemm   the six GEMMs + fused ops vs cuBLAS, h=14336 and h=7168
+#     mlp          whole MLP fwd+bwd vs eager (no torch.compile, no cold start)
+#     full         the whole parallel_mlp.bench (GEMMs, fused, MLP, cold start, torch.compile)
+#     ncu          ncu on profile_cases (five GEMMs; needs the Firecracker runtime's ncu)
+#   bash tools/gpu_run.sh --list          print the commands, run nothing
+#
+# Each step runs under `timeout` and appends to $OUT/<step>.txt; a failing step does not stop
+# the others. The DSL is byte-compiled first, as a pip install would leave it (otherwise every
+# new process recompiles ~300 modules and the cold start measures that).
+set -u
+OUT=${OUT:-/tmp/gpu_run_out}
+mkdir -p "$OUT"
+export PARALLEL_MLP_CACHE_DIR=${PARALLEL_MLP_CACHE_DIR:-/tmp/pmlp_cache}
+
+declare -A CMD=(
+  [tests_kernels]="timeout 540 python3 -m pytest -q -m gpu tests/kernels -k 'not selfcheck' -x"
+  [tests_layer]="timeout 150 python3 -m pytest -q -m gpu tests/test_layer_gpu.py -x"
+  [dact]="timeout 240 python3 -m pytest -q -m gpu tests/kernels/test_ops_gpu.py -k dact_in_place -x && for pf in 1 2 3; do timeout 90 python3 -m parallel_mlp.kernels.bench_gemm --only dpost --dact-prefetch \$pf; done"
+  [bench_gemm]="timeout 120 python3 -m parallel_mlp.kernels.bench_gemm && timeout 90 python3 -m parallel_mlp.kernels.bench_gemm --h 7168"
+  [mlp]="timeout 200 python3 -m parallel_mlp.bench --only mlp --skip-compile --skip-cold-start --iters 15 --warmup 3 --budget-s 170 --json $OUT/mlp.json"
+  [full]="timeout 420 python3 -m parallel_mlp.bench --iters 20 --warmup 3 --budget-s 300 --json $OUT/bench.json"
+  [ncu]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 5 --launch-count 5 --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis python3 -m parallel_mlp.kernels.profile_cases"
+)
+ORDER=(tests_kernels tests_layer dact bench_gemm mlp full ncu)
+
+steps=("$@")
+if [ ${#steps[@]} -eq 0 ]; then
+  echo "usage: bash tools/gpu_run.sh STEP [STEP ...] | --list; steps: ${ORDER[*]}" >&2
+  exit 2
+fi
+if [ "${steps[0]}" = "--list" ]; then
+  for s in "${ORDER[@]}"; do printf '%-10s %s\n' "$s" "${CMD[$s]}"; done
+  exit 0
+fi
+for s in "${steps[@]}"; do
+  if [ -z "${CMD[$s]+x}" ]; then echo "unknown step '$s'; steps: ${ORDER[*]}" >&2; exit 2; fi
+done
+
+dsl=$(python3 -c "import cutlass, os; print(os.path.dirname(os.path.dirname(os.path.dirname(cutlass.__file__))))" 2>/dev/null)
+[ -n "$dsl" ] && python3 -m compileall -q -j 8 "$dsl" >/dev/null 2>&1
+
+for s in "${steps[@]}"; do
+  echo "=== $s: ${CMD[$s]}" | tee -a "$OUT/$s.txt"
+  start=$(date +%s)
+  bash -c "${CMD[$s]}" >> "$OUT/$s.txt" 2>&1
+  rc=$?
+  echo "=== $s: rc=$rc in $(( $(date +%s) - start )) s" | tee -a "$OUT/$s.txt"
+  grep -v -i "warning\|smem = utils" "$OUT/$s.txt" | tail -25
+done
