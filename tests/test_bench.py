@@ -105,3 +105,23 @@ def test_rows_say_why_when_ours_cannot_run(tmp_path, monkeypatch):
     table = bench_report.format_tables(results)
     assert "cannot run here" in table and "n/a" in table and "RuntimeError: boom" in table
     assert json.loads((tmp_path / "b.json").read_text())["meta"]["backend"] == "cute"
+
+
+def test_cold_start_alone_with_its_breakdown_and_profile(tmp_path):
+    """--only cold-start runs that section alone; each run stamps its steps in order, and
+    PMLP_COLD_PROFILE_DIR keeps a cProfile of the warm (second) run."""
+    out = tmp_path / "bench.json"
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PMLP_COLD_PROFILE_DIR=str(tmp_path))
+    proc = subprocess.run(
+        [sys.executable, "-m", "parallel_mlp.bench", "--dry-run", "--only", "cold-start",
+         "--configs", "swiglu:128", "--json", str(out)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert "gemms" not in data and "mlp" not in data
+    steps = ("torch_import_s", "import_s", "cuda_init_s", "ready_s", "first_fwd_s", "first_fwd_bwd_s")
+    for run in data["cold_start"]["torch"]["runs"]:
+        stamps = [run[k] for k in steps]
+        assert all(positive(t) for t in stamps) and stamps == sorted(stamps), run
+    assert (tmp_path / "cold_start_torch.prof").stat().st_size > 0
+    assert "fwd+bwd alone" in proc.stdout
