@@ -3,9 +3,12 @@
     python -m parallel_mlp.kernels.bench_gemm [--T 8192 --d 4096 --h 14336 --act swiglu]
                                               [--sweep] [--scheduler static|dynamic]
                                               [--consumers cooperative|pingpong]
+                                              [--also l2_prefetch=1 [--also dact_prefetch=2]]
 
-Prints one line per GEMM: ms and TFLOP/s for torch and for ours, and the ratio. Inputs are
-random (never zeros), timings are medians of CUDA-event-timed repetitions after warm-up.
+Prints one line per GEMM: ms and TFLOP/s for torch and for ours, and the ratio; each `--also`
+adds a column of ours with those GemmConfig fields changed on the config ours picks. Inputs are
+random (never zeros); torch, ours and the variants are called in turn, repetition by repetition
+(so all see the same clocks), and each time is the median of its CUDA-event-timed calls.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import functools
 
 import torch
 
-from .tuning import host_us_per_call, median_ms
+from .tuning import host_us_per_call, median_ms, median_ms_interleaved
 
 
 def bench(fn, reps=30, warmup=5):
@@ -47,11 +50,12 @@ def main(argv=None):
         help="with --sweep: comma-separated rasterization groups to time each candidate at (e.g. 8,16)",
     )
     p.add_argument(
-        "--dact-prefetch", type=int, default=None, choices=[1, 2, 3],
-        help="run the dact rows with this GemmConfig.dact_prefetch (2, 3: dpreact in place over a "
-        "deeper preact ring) on their default config",
+        "--also", action="append", default=[], metavar="FIELD=VALUE[,FIELD=VALUE]",
+        help="time another column of ours with these GemmConfig fields replaced on the config ours "
+        "picks (e.g. l2_prefetch=1, dact_prefetch=2); repeatable",
     )
     args = p.parse_args(argv)
+    variants = [_parse_fields(a) for a in args.also]
 
     from parallel_mlp.activations import ACTIVATIONS
 
@@ -87,7 +91,8 @@ def main(argv=None):
     print(f"host time per call, 256^3 GEMM: torch.mm {host_us_per_call(lambda: tiny @ tiny):.0f} us, "
           f"ops.gemm {host_us_per_call(lambda: ops.gemm(tiny, tiny)):.0f} us, "
           f"ops.gemm_act {host_us_per_call(lambda: ops.gemm_act(tiny, tiny, A.name)):.0f} us")
-    print(f"{'gemm':24s} {'M':>6s} {'N':>6s} {'K':>6s} | {'torch ms':>8s} {'TF/s':>6s} | {'ours ms':>8s} {'TF/s':>6s} | ratio")
+    extra = "".join(f" | {_label(v):>22s}" for v in variants)
+    print(f"{'gemm':24s} {'M':>6s} {'N':>6s} {'K':>6s} | {'torch ms':>8s} {'TF/s':>6s} | {'ours ms':>8s} {'TF/s':>6s} | ratio{extra}")
     from .config import PINGPONG_CANDIDATES, TUNE_CANDIDATES, default_config
 
     pingpong = args.consumers == "pingpong"
@@ -120,16 +125,46 @@ def main(argv=None):
             ours = functools.partial(_with_config, ours, cfg)
         elif args.scheduler:
             ours = functools.partial(_with_scheduler, ours, args.scheduler)
-        if args.dact_prefetch and "dact" in name:
-            cfg = dataclasses.replace(default_config(M, N, K), dact_prefetch=args.dact_prefetch)
-            ours = functools.partial(_with_config, ours, cfg)
-        t_ref = bench(ref)
-        t_ours = bench(ours)
+        fns = [ref, ours] + [functools.partial(_with_overrides, ours, v) for v in variants]
+        t_ref, t_ours, *t_var = median_ms_interleaved(fns, reps=30, warmup=5)
+        cols = "".join(f" | {t:8.3f} {flops / t / 1e9:6.0f} {t_ref / t:5.3f}" for t in t_var)
         print(
             f"{name:24s} {M:6d} {N:6d} {K:6d} | {t_ref:8.3f} {flops / t_ref / 1e9:6.0f} | "
-            f"{t_ours:8.3f} {flops / t_ours / 1e9:6.0f} | {t_ref / t_ours:5.3f}",
+            f"{t_ours:8.3f} {flops / t_ours / 1e9:6.0f} | {t_ref / t_ours:5.3f}{cols}",
             flush=True,
         )
+
+
+def _parse_fields(text: str) -> dict:
+    """'l2_prefetch=1,dact_prefetch=2' -> GemmConfig field overrides, typed like the fields."""
+    from .config import GemmConfig
+
+    types = {f.name: f.type for f in dataclasses.fields(GemmConfig)}
+    out = {}
+    for item in text.split(","):
+        key, _, value = item.partition("=")
+        if key not in types or not value:
+            raise SystemExit(f"--also {text!r}: {item!r} is not FIELD=VALUE with a GemmConfig field ({', '.join(types)})")
+        kind = types[key]
+        out[key] = value == "1" or value.lower() == "true" if kind in (bool, "bool") else (
+            int(value) if kind in (int, "int") else value)
+    return out
+
+
+def _label(fields: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in fields.items())
+
+
+def _with_overrides(fn, fields):
+    """Run an op lambda with the config ops picks, these GemmConfig fields replaced."""
+    from . import ops
+
+    old = ops._pick_config
+    ops._pick_config = lambda *a, **k: dataclasses.replace(old(*a, **k), **fields)
+    try:
+        return fn()
+    finally:
+        ops._pick_config = old
 
 
 def _with_scheduler(fn, scheduler):

@@ -50,6 +50,11 @@ class GemmConfig:
     # shared memory holds the deeper ring (cooperative consumers only). At 128x256, a gated dact
     # keeps 3 A/B stages with 2 and drops to 2 with 3.
     dact_prefetch: int = 1
+    # dact and accumulate: the producer warp prefetches the tile's epilogue input (preact, or the
+    # fp32 D that the reduce-add store updates) into L2 during the last K blocks of the tile's
+    # mainloop. Persistent CTAs reach their epilogues together, so without it every SM reads
+    # its epilogue input from HBM in the same few microseconds while the tensor cores wait.
+    l2_prefetch: bool = False
 
     def __post_init__(self):
         if self.tile_m not in (64, 128):
@@ -94,9 +99,10 @@ class GemmConfig:
         sched = "" if self.scheduler == "static" else f"_{self.scheduler}"
         cons = "" if self.consumers == "cooperative" else f"_{self.consumers}"
         pf = "" if self.dact_prefetch == 1 else f"_pf{self.dact_prefetch}"
+        l2 = "_l2pf" if self.l2_prefetch else ""
         return (
             f"t{self.tile_m}x{self.tile_n}_c{self.cluster_m}x{self.cluster_n}"
-            f"_g{self.raster_group}_sm{self.num_sms}{sched}{cons}{pf}"
+            f"_g{self.raster_group}_sm{self.num_sms}{sched}{cons}{pf}{l2}"
         )
 
 

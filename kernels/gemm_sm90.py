@@ -91,6 +91,11 @@ class PersistentGemmSm90:
         self.dpre_in_place = epilogue.kind == "dact" and config.dact_prefetch > 1
         self.l_ring = config.dact_prefetch + 1 if self.dpre_in_place else EPI_STAGES  # slots per warpgroup
         self.l_ahead = self.l_ring - 1  # preact subtiles loaded ahead of the one computed
+        # The channel whose global tensor the epilogue reads and the producer prefetches into L2
+        # (config.l2_prefetch): dact's preact (L), accumulate's fp32 D; None: no prefetch.
+        self.prefetch_channel = None
+        if config.l2_prefetch:
+            self.prefetch_channel = {"dact": "L", "accumulate": "D"}.get(epilogue.kind)
 
     # ---- host-side setup (runs while tracing __call__) -----------------------------------------
     #
@@ -217,6 +222,12 @@ class PersistentGemmSm90:
         tma_h, tH = self._tma(store, mPost, "H")
         tma_x, tX = self._tma(store, mDpre, "X")
         tma_l, tL = self._tma(cpasync.CopyBulkTensorTileG2SOp(), mPreIn, "L")
+        # The L2 prefetch reads through a load atom of the channel's subtile box.
+        tma_f = tF = None
+        if cutlass.const_expr(self.prefetch_channel == "L"):
+            tma_f, tF = tma_l, tL
+        elif cutlass.const_expr(self.prefetch_channel == "D"):
+            tma_f, tF = self._tma(cpasync.CopyBulkTensorTileG2SOp(), mD, "D")
         if cutlass.const_expr(self.dpre_in_place):
             # dpreact leaves from the preact slot it overwrote: a store atom with L's smem layout.
             if cutlass.const_expr(self.epi.gated):
@@ -268,7 +279,7 @@ class PersistentGemmSm90:
             )
 
         self.kernel(
-            tma_a, tA, tma_b, tB, tma_d, tD, tma_p, tP, tma_h, tH, tma_x, tX, tma_l, tL,
+            tma_a, tA, tma_b, tB, tma_d, tD, tma_p, tP, tma_h, tH, tma_x, tX, tma_l, tL, tma_f, tF,
             mBias, mCounter, m_size, n_size, self.tiled_mma, self.sA_layout, self.sB_layout,
             self.ch_layout["D"], self.ch_layout["P"], self.ch_layout["H"], self.ch_layout["X"], self.ch_layout["L"],
             sched_params,
@@ -292,6 +303,7 @@ class PersistentGemmSm90:
         tma_h: Optional[cute.CopyAtom], mH: Optional[cute.Tensor],
         tma_x: Optional[cute.CopyAtom], mX: Optional[cute.Tensor],
         tma_l: Optional[cute.CopyAtom], mL: Optional[cute.Tensor],
+        tma_f: Optional[cute.CopyAtom], mF: Optional[cute.Tensor],
         mBias: Optional[cute.Tensor],
         mCounter: Optional[cute.Tensor],
         m_size: cutlass.Int32, n_size: cutlass.Int32,
@@ -378,14 +390,31 @@ class PersistentGemmSm90:
                     sched = tile_scheduler.create(sched_params)
                 work = sched.initial_work_tile_info()
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.ab_stages)
+                num_sub = tn // self.epi_tile[1]
+                gF = None
+                if cutlass.const_expr(self.prefetch_channel is not None):
+                    c = self.prefetch_channel
+                    sF = (
+                        storage.sL.get_tensor(sL_layout.outer, swizzle=sL_layout.inner) if c == "L"
+                        else storage.sD.get_tensor(sD_layout.outer, swizzle=sD_layout.inner)
+                    )
+                    _, gF = self._tma_view(tma_f, mF, sF, c)
                 while work.is_valid_tile:
                     tc = work.tile_idx
-                    state = mainloop.produce_tile(
-                        ab_pipeline, state,
-                        tma_a, tAgA[(None, tc[0], None, tc[2])], tAsA, a_mask,
-                        tma_b, tBgB[(None, tc[1], None, tc[2])], tBsB, b_mask,
-                        k_tiles,
-                    )
+                    if cutlass.const_expr(self.prefetch_channel is not None):
+                        state = mainloop.produce_tile(
+                            ab_pipeline, state,
+                            tma_a, tAgA[(None, tc[0], None, tc[2])], tAsA, a_mask,
+                            tma_b, tBgB[(None, tc[1], None, tc[2])], tBsB, b_mask,
+                            k_tiles, tma_f, gF[(None, tc[0], None, 0)], tc[1] * num_sub, num_sub,
+                        )
+                    else:
+                        state = mainloop.produce_tile(
+                            ab_pipeline, state,
+                            tma_a, tAgA[(None, tc[0], None, tc[2])], tAsA, a_mask,
+                            tma_b, tBgB[(None, tc[1], None, tc[2])], tBsB, b_mask,
+                            k_tiles,
+                        )
                     sched.advance_to_next_work()
                     work = sched.get_current_work()
                 # Wait for the consumers to release the last stages, so no CTA of the cluster

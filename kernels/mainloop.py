@@ -14,6 +14,10 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 
+# K blocks between two L2 prefetches of epilogue subtiles (produce_tile): 8 subtiles of a 128x256
+# tile span the last 16 K blocks, roughly the last 10 us of a K=4096 tile's mainloop.
+PREFETCH_STRIDE = 2
+
 
 @cute.jit
 def produce_tile(
@@ -28,13 +32,32 @@ def produce_tile(
     tBsB: cute.Tensor,
     b_mcast_mask,
     k_tiles: cutlass.Int32,
+    prefetch_atom=None,
+    prefetch_g=None,
+    prefetch_first=None,
+    prefetch_count: cutlass.Constexpr = 0,
 ):
-    """Load all K slices of one output tile's A and B rows into the ring; returns the state."""
+    """Load all K slices of one output tile's A and B rows into the ring; returns the state.
+
+    With a prefetch atom (a TMA load atom of the epilogue's input), the tile's `prefetch_count`
+    epilogue subtiles prefetch_g[(None, prefetch_first + j)] are prefetched into L2, one every
+    PREFETCH_STRIDE K blocks over the mainloop's last stretch: late enough that the lines are
+    still in L2 when the epilogue reads them, spread out so they share HBM with A and B.
+    """
+    if cutlass.const_expr(prefetch_atom is not None):
+        pf_start = cutlass.max(k_tiles - PREFETCH_STRIDE * prefetch_count, 0)
     for k in cutlass.range(k_tiles, unroll=1):
         ab_pipeline.producer_acquire(state)
         bar = ab_pipeline.producer_get_barrier(state)
         cute.copy(tma_atom_a, tAgA[(None, k)], tAsA[(None, state.index)], tma_bar_ptr=bar, mcast_mask=a_mcast_mask)
         cute.copy(tma_atom_b, tBgB[(None, k)], tBsB[(None, state.index)], tma_bar_ptr=bar, mcast_mask=b_mcast_mask)
+        if cutlass.const_expr(prefetch_atom is not None):
+            j = k - pf_start
+            if j >= 0:
+                if j % PREFETCH_STRIDE == 0:
+                    # Unlike cute.copy's TMA, the prefetch does not elect a thread itself.
+                    with cute.arch.elect_one():
+                        cute.prefetch(prefetch_atom, prefetch_g[(None, prefetch_first + j // PREFETCH_STRIDE)])
         # TMA arrives on the barrier itself; commit is a no-op kept for the pipeline protocol.
         ab_pipeline.producer_commit(state)
         state.advance()

@@ -65,6 +65,28 @@ def variants(quick: bool = False):
     out += dynamic_variants(quick)
     out += pingpong_variants(quick)
     out += dact_prefetch_variants(quick)
+    out += l2_prefetch_variants(quick)
+    return out
+
+
+def l2_prefetch_variants(quick: bool = False):
+    """The producer's L2 prefetch of the epilogue input (config.l2_prefetch): the dact's preact
+    (gated and not) and the accumulate's fp32 D, at the default tile's cluster shapes and the
+    128x128 tile that small shapes get."""
+    def c(tm=128, tn=256, cm=1):
+        return GemmConfig(tm, tn, cm, 1, l2_prefetch=True)
+
+    out = [
+        KernelKey(EpilogueSpec("dact", "swiglu"), c(cm=2), "bfloat16", "row", "col", "bfloat16"),
+        KernelKey(EpilogueSpec("accumulate"), c(cm=2), "bfloat16", "col", "row", "float32"),
+    ]
+    if not quick:
+        out += [
+            KernelKey(EpilogueSpec("dact", "gelu_tanh_approx"), c(), "float16", "row", "col", "float16"),
+            KernelKey(EpilogueSpec("dact", "swiglu"), c(128, 128), "bfloat16", "row", "col", "bfloat16"),
+            KernelKey(EpilogueSpec("accumulate"), c(128, 128), "float16", "col", "row", "float32"),
+            KernelKey(EpilogueSpec("accumulate"), c(), "bfloat16", "col", "col", "float32"),
+        ]
     return out
 
 
@@ -174,6 +196,9 @@ def check_one(key: KernelKey):
         pingpong = key.config.consumers == "pingpong"
         if pingpong and "bar.arrive" not in ptx:
             missing.append("bar.arrive (pingpong order barriers)")
+        l2_prefetch = key.config.l2_prefetch and key.epilogue.kind in ("dact", "accumulate")
+        if l2_prefetch and "cp.async.bulk.prefetch.tensor" not in ptx:
+            missing.append("cp.async.bulk.prefetch.tensor (L2 prefetch of the epilogue input)")
         if missing:
             return False, "PTX lacks " + ", ".join(missing), time.time() - t
         n_mma = ptx.count("wgmma.mma_async")
@@ -181,6 +206,8 @@ def check_one(key: KernelKey):
         msg = f"wgmma x{n_mma}, bulk tensor copies x{n_tma}"
         if dynamic:
             msg += f", atom.global.add x{ptx.count('atom.global.add')} (tile counter)"
+        if l2_prefetch:
+            msg += f", L2 prefetch x{ptx.count('cp.async.bulk.prefetch.tensor')}"
         if pingpong:
             msg += f", bar.arrive x{ptx.count('bar.arrive')} (pingpong turns)"
         return True, msg, time.time() - t

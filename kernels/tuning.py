@@ -70,6 +70,30 @@ def median_ms(fn, reps=10, warmup=1):
     return times[len(times) // 2]
 
 
+def median_ms_interleaved(fns, reps=10, warmup=1):
+    """Median CUDA-event times (ms) of several functions, called round-robin: f0, f1, ..., f0,
+    f1, ... so that each sees the same clocks. An H200 under a GEMM is power-bound and its SM
+    clock wanders by 10-20% over seconds; timing one function's reps after another's compares
+    clock states as much as kernels. Same event discipline as `median_ms`."""
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    torch.cuda.synchronize()
+    pairs = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+             for _ in fns]
+    for r in range(reps):
+        for fn, ev in zip(fns, pairs):
+            ev[r][0].record()
+            fn()
+            ev[r][1].record()
+    torch.cuda.synchronize()
+    out = []
+    for ev in pairs:
+        times = sorted(s.elapsed_time(e) for s, e in ev)
+        out.append(times[len(times) // 2])
+    return out
+
+
 def host_us_per_call(fn, calls=200, warmup=3):
     """Host wall time per call in µs over back-to-back calls of a tiny op: the launch overhead
     (Python, argument conversion, the launch itself), which the GPU waits for whenever the

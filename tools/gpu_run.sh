@@ -7,7 +7,8 @@
 #                                         tests_kernels alone compiles ~300 kernels (~6 min):
 #     tests_kernels  GPU tests of the kernels (incl. pingpong, dynamic, in-place dact)
 #     tests_layer    ParallelMLP on cute vs the fp64 reference, recompute, main_grad (~1 min)
-#     dact         the in-place dact option's GPU tests and its timing (dact_prefetch 2 and 3)
+#     prefetch     the L2 prefetch option's GPU tests, and dact / accumulate timed with and
+#                  without it (l2_prefetch; also with dact_prefetch=2), h=14336 and h=7168
 #     bench_gemm   the six GEMMs + fused ops vs cuBLAS, h=14336 and h=7168
 #     mlp          whole MLP fwd+bwd vs eager (no torch.compile, no cold start)
 #     full         the whole parallel_mlp.bench (GEMMs, fused, MLP, cold start, torch.compile)
@@ -25,13 +26,13 @@ export PARALLEL_MLP_CACHE_DIR=${PARALLEL_MLP_CACHE_DIR:-/tmp/pmlp_cache}
 declare -A CMD=(
   [tests_kernels]="timeout 540 python3 -m pytest -q -m gpu tests/kernels -k 'not selfcheck' -x"
   [tests_layer]="timeout 150 python3 -m pytest -q -m gpu tests/test_layer_gpu.py -x"
-  [dact]="timeout 240 python3 -m pytest -q -m gpu tests/kernels/test_ops_gpu.py -k dact_in_place -x && for pf in 1 2 3; do timeout 90 python3 -m parallel_mlp.kernels.bench_gemm --only dpost --dact-prefetch \$pf; done"
+  [prefetch]="timeout 240 python3 -m pytest -q -m gpu tests/kernels/test_l2_prefetch_gpu.py -x; for h in 14336 7168; do timeout 120 python3 -m parallel_mlp.kernels.bench_gemm --h \$h --only dpost,dW1,dW2 --also l2_prefetch=1 --also l2_prefetch=1,dact_prefetch=2; done"
   [bench_gemm]="timeout 120 python3 -m parallel_mlp.kernels.bench_gemm && timeout 90 python3 -m parallel_mlp.kernels.bench_gemm --h 7168"
   [mlp]="timeout 200 python3 -m parallel_mlp.bench --only mlp --skip-compile --skip-cold-start --iters 15 --warmup 3 --budget-s 170 --json $OUT/mlp.json"
   [full]="timeout 420 python3 -m parallel_mlp.bench --iters 20 --warmup 3 --budget-s 300 --json $OUT/bench.json"
   [ncu]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 5 --launch-count 5 --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis python3 -m parallel_mlp.kernels.profile_cases"
 )
-ORDER=(tests_kernels tests_layer dact bench_gemm mlp full ncu)
+ORDER=(tests_kernels tests_layer prefetch bench_gemm mlp full ncu)
 
 steps=("$@")
 if [ ${#steps[@]} -eq 0 ]; then
