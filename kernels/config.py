@@ -106,8 +106,12 @@ class GemmConfig:
         )
 
 
-def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS) -> GemmConfig:
-    """Pick a tile for an (M, N, K) problem without timing anything.
+def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind: str = "store") -> GemmConfig:
+    """Pick a tile for an (M, N, K) problem and an epilogue kind without timing anything.
+
+    The accumulate (fp32 main-grad) epilogue gets the L2 prefetch of its D tile: 0.5-1.4%
+    faster on the MLP's wgrad shapes on an H200 (interleaved timing). The dact does not: its
+    preact prefetch measured 0.7-1.4% slower (kernels/NOTES.md, session 3).
 
     128x256 with two consumer warpgroups is the fastest tile on Hopper when there are enough tiles
     to fill the machine. When 128x256 tiles would leave most SMs idle (small M*N, e.g. a wgrad
@@ -117,11 +121,12 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS) -> Ge
         tiles = -(-m // tm) * -(-n // tn)
         return tiles / num_sms
 
+    pf = kind == "accumulate"
     if waves(128, 256) >= 2 or n > 128 and waves(128, 256) >= 1:
-        return GemmConfig(128, 256, 2 if m >= 2048 else 1, 1, 8, num_sms)
+        return GemmConfig(128, 256, 2 if m >= 2048 else 1, 1, 8, num_sms, l2_prefetch=pf)
     if waves(128, 128) >= 1:
-        return GemmConfig(128, 128, 1, 1, 8, num_sms)
-    return GemmConfig(128, 64 if n <= 64 else 128, 1, 1, 8, num_sms)
+        return GemmConfig(128, 128, 1, 1, 8, num_sms, l2_prefetch=pf)
+    return GemmConfig(128, 64 if n <= 64 else 128, 1, 1, 8, num_sms, l2_prefetch=pf)
 
 
 # Candidates that `tuned=True` times for a shape (all must compile for every layout).

@@ -174,7 +174,7 @@ def _pick_config(spec, a, bk, d_dtype, config, tuned):
         from .tuning import tuned_config
 
         return tuned_config(spec, a, bk, d_dtype, _num_sms(dev))
-    return default_config(m, n, k, _num_sms(dev))
+    return default_config(m, n, k, _num_sms(dev), spec.kind)
 
 
 def _launch(spec: EpilogueSpec, a, bk, d=None, post=None, prein=None, dpre=None, bias=None, *, d_dtype, config=None, tuned=False):

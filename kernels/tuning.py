@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import dataclasses
 from dataclasses import asdict
 
 import torch
@@ -121,10 +122,10 @@ def tuned_config(spec, a, bk, d_dtype, num_sms: int) -> GemmConfig:
         choices = _load()
         if key in choices:
             return GemmConfig(**choices[key])
-    best, best_t = default_config(m, n, k, num_sms), float("inf")
+    best, best_t = default_config(m, n, k, num_sms, spec.kind), float("inf")
     b = bk.t()
     for cand in TUNE_CANDIDATES:
-        cfg = GemmConfig(cand.tile_m, cand.tile_n, cand.cluster_m, cand.cluster_n, cand.raster_group, num_sms)
+        cfg = dataclasses.replace(cand, num_sms=num_sms, l2_prefetch=best.l2_prefetch)
         if spec.kind in ("store", "accumulate"):
             out = torch.zeros(m, n, dtype=d_dtype, device=a.device)
             run = lambda: ops.gemm(a, b, out=out, accumulate=spec.kind == "accumulate", config=cfg)  # noqa: E731

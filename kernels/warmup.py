@@ -32,22 +32,22 @@ def mlp_keys(tokens, d, h, act, dtype="bfloat16", d_out=None, bias=False, num_sm
     d_out = d_out or d
     F = 2 * h if A.gated else h
     T = tokens
-    cfg = lambda m, n, k: default_config(m, n, k, num_sms)  # noqa: E731
+    cfg = lambda m, n, k, kind="store": default_config(m, n, k, num_sms, kind)  # noqa: E731
     bias_dt = dtype if bias else None
     keys = [
         # fc1 + act: x [T, d] row-major, b = W1.T -> (N, K) = W1, K contiguous
-        KernelKey(EpilogueSpec("act", A.name, bias, True), cfg(T, F, d), dtype, "row", "row", dtype, bias_dt),
-        KernelKey(EpilogueSpec("act", A.name, bias, False), cfg(T, F, d), dtype, "row", "row", dtype, bias_dt),
+        KernelKey(EpilogueSpec("act", A.name, bias, True), cfg(T, F, d, "act"), dtype, "row", "row", dtype, bias_dt),
+        KernelKey(EpilogueSpec("act", A.name, bias, False), cfg(T, F, d, "act"), dtype, "row", "row", dtype, bias_dt),
         # fc2: postact [T, h] @ W2.T
         KernelKey(EpilogueSpec("store"), cfg(T, d_out, h), dtype, "row", "row", dtype),
         # dpostact = dy @ W2 (W2 row-major [d_out, h]: the (N, K) view is N-contiguous)
-        KernelKey(EpilogueSpec("dact", A.name), cfg(T, h, d_out), dtype, "row", "col", dtype),
+        KernelKey(EpilogueSpec("dact", A.name), cfg(T, h, d_out, "dact"), dtype, "row", "col", dtype),
         # dx = dpreact @ W1
         KernelKey(EpilogueSpec("store"), cfg(T, d, F), dtype, "row", "col", dtype),
     ]
     # wgrads: dW2 = dy.T @ postact, dW1 = dpreact.T @ x (a column-major, b row-major)
     for m, n in ((d_out, h), (F, d)):
-        keys.append(KernelKey(EpilogueSpec("accumulate"), cfg(m, n, T), dtype, "col", "col", "float32"))
+        keys.append(KernelKey(EpilogueSpec("accumulate"), cfg(m, n, T, "accumulate"), dtype, "col", "col", "float32"))
         keys.append(KernelKey(EpilogueSpec("store"), cfg(m, n, T), dtype, "col", "col", dtype))
         # a 16-bit .grad accumulated in place: computed in fp32, then added
         keys.append(KernelKey(EpilogueSpec("store"), cfg(m, n, T), dtype, "col", "col", "float32"))

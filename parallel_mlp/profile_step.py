@@ -1,0 +1,94 @@
+"""Where one MLP fwd+bwd step's time goes: every GPU kernel of the step, and the idle gaps.
+
+    python -m parallel_mlp.profile_step [--act swiglu --h 14336 --T 8192 --d 4096 --steps 6]
+
+For ours (ParallelMLP on the default backend) and PyTorch eager, after warm-up steps, runs
+`--steps` training steps (the bench's `train_step`) under torch.profiler and prints per step: the
+wall time between the first kernel's start and the last kernel's end, the summed kernel time,
+the gaps (the GPU idle, e.g. waiting for the host), and each kernel's time. A step that is
+slower than its kernels is host- or sync-bound; kernels slower than `bench_gemm` measures them
+alone point at clocks or at interference between neighbouring kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+
+import torch
+
+
+def kernel_table(prof, steps: int):
+    """(per-step busy ms, per-step span ms, [(name, calls per step, ms per step)]) from the CUDA
+    kernel events of a profile."""
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernels = [e for e in events if e.time_range.elapsed_us() > 0]
+    if not kernels:
+        return 0.0, 0.0, []
+    start = min(e.time_range.start for e in kernels)
+    end = max(e.time_range.end for e in kernels)
+    busy = defaultdict(float)
+    calls = defaultdict(int)
+    for e in kernels:
+        busy[e.name] += e.time_range.elapsed_us()
+        calls[e.name] += 1
+    rows = sorted(((n, calls[n] / steps, busy[n] / steps / 1e3) for n in busy), key=lambda r: -r[2])
+    return sum(busy.values()) / steps / 1e3, (end - start) / steps / 1e3, rows
+
+
+def profile(step, steps: int, warmup: int = 3):
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    return kernel_table(prof, steps)
+
+
+def short(name: str, width: int = 70) -> str:
+    return name if len(name) <= width else name[: width - 3] + "..."
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m parallel_mlp.profile_step", description=__doc__.split("\n")[0])
+    p.add_argument("--act", default="swiglu")
+    p.add_argument("--h", type=int, default=14336)
+    p.add_argument("--T", type=int, default=8192)
+    p.add_argument("--d", type=int, default=4096)
+    p.add_argument("--steps", type=int, default=6)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("profile_step needs a CUDA GPU")
+
+    from .activations import get_activation
+    from .bench import EagerMLP, build_parallel_mlp, chunked_w1, train_step
+
+    gated = get_activation(args.act).gated
+    f = 2 * args.h if gated else args.h
+    T, d = args.T, args.d
+    bf = torch.bfloat16
+    w1 = (torch.randn(f, d, device="cuda") * d ** -0.5).to(bf)
+    w2 = (torch.randn(d, args.h, device="cuda") * args.h ** -0.5).to(bf)
+    x = torch.randn(T, d, device="cuda").to(bf).requires_grad_(True)
+    dy = torch.randn(T, d, device="cuda").to(bf)
+    flops = 3 * (2 * T * d * f + 2 * T * args.h * d)
+    models = {
+        "ours": build_parallel_mlp(w1, w2, args.act, args.h),
+        "eager": EagerMLP(chunked_w1(w1, gated), w2.clone(), args.act),
+    }
+    print(f"{args.act} h={args.h} T={T} d={d} bf16, {args.steps} profiled steps; {torch.cuda.get_device_name()}")
+    for name, model in models.items():
+        busy, span, rows = profile(lambda: train_step(model, x, dy), args.steps)
+        print(f"\n{name}: step span {span:.3f} ms ({flops / span / 1e9:.0f} TF/s), kernels {busy:.3f} ms, "
+              f"gaps {span - busy:.3f} ms")
+        for kname, calls, ms in rows:
+            print(f"  {ms:8.3f} ms  x{calls:4.1f}  {short(kname)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
