@@ -15,6 +15,9 @@ Sections (``--only`` picks some):
 Timing follows the workplace's method: CUDA events around each call, warm-up first, the median of
 ``--iters`` calls, random inputs (never zeros), several input sets rotated when one set would sit in
 L2, and a cuBLAS 8192^3 line at the start and end so the run states its own ceiling and drift.
+Variants that are compared (ours vs cuBLAS, the MLP variants) are timed interleaved, call by call:
+the H200 is power-bound and its clock wanders 10-20% over seconds, so timing them one after the
+other would compare clock states as much as kernels.
 
 Every measurement is guarded: an error (the kernels missing, a shape they reject, an OOM) is
 recorded in its row of the JSON and the table, and the run goes on. The table is printed last.
@@ -149,34 +152,71 @@ def nbytes(*tensors: torch.Tensor) -> int:
 def time_calls(ctx: Ctx, fn, n_sets: int = 1) -> dict:
     """Median time of ``fn(i)`` over ctx.iters calls after ctx.warmup, ``i`` cycling the input sets.
 
+    For a measurement that stands alone (the ceiling, eager's fused ops, the TP variants); those
+    whose ratio is taken go through time_interleaved together, so that they see the same clocks.
+    """
+    return time_interleaved(ctx, {"fn": fn}, n_sets)["fn"]
+
+
+def time_interleaved(ctx: Ctx, fns: dict[str, Callable], n_sets: int = 1) -> dict[str, dict]:
+    """Time several functions call by call, round-robin: ctx.warmup untimed rounds, then ctx.iters
+    rounds, each calling every fn once in order with the same input set ``i``. Returns, per name,
+    what time_calls returns.
+
+    Why interleave: the H200 is power-bound, and its SM clock wanders 10-20% over seconds with the
+    load. Timing one variant's calls and then the other's compares two clock states as much as two
+    kernels (one run had cuBLAS at 803 TF/s and ours at 680 on a row, another run the reverse).
+    Calls of all the variants side by side share whatever the clock does, so their ratio holds.
+
     On CUDA each call sits between two events and the host never waits inside the loop, so the
-    queue stays full; on the CPU a perf_counter pair per call.
+    queue stays full; one synchronize at the end. On the CPU a perf_counter pair per call.
     """
     for i in range(ctx.warmup):
-        fn(i % n_sets)
+        for fn in fns.values():
+            fn(i % n_sets)
     ctx.sync()
     if ctx.cuda:
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(ctx.iters)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(ctx.iters)]
+        def event():
+            return torch.cuda.Event(enable_timing=True)
+
+        events = {name: [(event(), event()) for _ in range(ctx.iters)] for name in fns}
         for i in range(ctx.iters):
-            starts[i].record()
-            fn(i % n_sets)
-            ends[i].record()
+            for name, fn in fns.items():
+                start, end = events[name][i]
+                start.record()
+                fn(i % n_sets)
+                end.record()
         torch.cuda.synchronize(ctx.device)
-        times = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+        times = {name: [start.elapsed_time(end) for start, end in pairs]
+                 for name, pairs in events.items()}
     else:
-        times = []
+        times = {name: [] for name in fns}
         for i in range(ctx.iters):
-            t0 = time.perf_counter()
-            fn(i % n_sets)
-            times.append((time.perf_counter() - t0) * 1e3)
-    return {"ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times),
-            "iters": ctx.iters, "input_sets": n_sets}
+            for name, fn in fns.items():
+                t0 = time.perf_counter()
+                fn(i % n_sets)
+                times[name].append((time.perf_counter() - t0) * 1e3)
+    return {name: {"ms": statistics.median(t), "min_ms": min(t), "max_ms": max(t),
+                   "iters": ctx.iters, "input_sets": n_sets} for name, t in times.items()}
+
+
+def per_name(result: dict, names) -> dict[str, dict]:
+    """An attempt() of an interleaved measurement gives a dict per name, or a single error (or
+    skip) dict when it failed: then every name gets a copy of that one."""
+    if all(name in result for name in names):
+        return result
+    return {name: dict(result) for name in names}
 
 
 def with_tflops(timing: dict, flops: float) -> dict:
     timing["tflops"] = flops / (timing["ms"] * 1e-3) / 1e12
     return timing
+
+
+def time_with_tflops(ctx: Ctx, fns: dict[str, Callable], n_sets: int, flops: float) -> dict:
+    """time_interleaved, with each fn's rate for ``flops`` per call."""
+    times = time_interleaved(ctx, fns, n_sets)
+    return {name: with_tflops(t, flops) for name, t in times.items()}
 
 
 def attempt(ctx: Ctx, what: str, fn, *args, min_time_s: float = 0.0) -> dict:
@@ -309,11 +349,14 @@ def bench_gemm(ctx: Ctx, case: GemmCase, accumulate_fn) -> dict:
             return ctx.ours.gemm(*sets[i], out=main_grad, accumulate=True)
         return ctx.ours.gemm(*sets[i])
 
-    def timed(fn):
-        return with_tflops(time_calls(ctx, fn, n_sets), flops)
-
-    row = {"cublas": attempt(ctx, f"cuBLAS {case.name}", timed, cublas)}
-    row["ours"] = ours_or_reason(ctx) or attempt(ctx, f"ours {case.name}", timed, ours)
+    # cuBLAS and ours call by call, so that their ratio compares kernels at the same clocks; when
+    # ours cannot run, cuBLAS alone.
+    fns = {"cublas": cublas}
+    if ctx.ours is not None:
+        fns["ours"] = ours
+    row = per_name(attempt(ctx, f"{' vs '.join(fns)} {case.name}", time_with_tflops, ctx, fns,
+                           n_sets, flops), fns)
+    row["ours"] = ours_or_reason(ctx) or row["ours"]
     if ctx.ours is not None:
         row["rel_err"] = attempt(ctx, f"check {case.name}", check_gemm, ctx, case, sets[0],
                                  accumulate_fn)
@@ -446,17 +489,27 @@ def bench_fused(ctx: Ctx, act: str, h: int) -> list[dict]:
     first = fused_input_set(ctx, act, h)
     n_sets = input_sets(ctx, nbytes(*first.values()))
     sets = [first] + [fused_input_set(ctx, act, h) for _ in range(n_sets - 1)]
+
+    def on_sets(fn):
+        return lambda i: fn(sets[i])
+
     rows = []
     for op, spec in fused_ops(ctx, act, h).items():
         log(f"fused {config_label(act, h)} {op}")
-
-        def timed(fn, flops=spec["flops"]):
-            return with_tflops(time_calls(ctx, lambda i: fn(sets[i]), n_sets), flops)
-
-        row = {"config": config_label(act, h), "op": op}
-        row["cublas"] = attempt(ctx, f"cuBLAS {op}", timed, spec["cublas"])
-        row["eager"] = attempt(ctx, f"eager {op}", timed, spec["eager"])
-        row["ours"] = ours_or_reason(ctx) or attempt(ctx, f"ours {op}", timed, spec["ours"])
+        flops = spec["flops"]
+        # The plain cuBLAS GEMM and ours call by call (same clocks) for the ratio the target is
+        # on. Eager is timed on its own: its elementwise kernels draw less power, so the clock
+        # would rise during them and flatter whichever call came next.
+        fns = {"cublas": on_sets(spec["cublas"])}
+        if ctx.ours is not None:
+            fns["ours"] = on_sets(spec["ours"])
+        pair = per_name(attempt(ctx, f"{' vs '.join(fns)} {op}", time_with_tflops, ctx, fns,
+                                n_sets, flops), fns)
+        row = {"config": config_label(act, h), "op": op, "cublas": pair["cublas"]}
+        eager = on_sets(spec["eager"])
+        row["eager"] = attempt(ctx, f"eager {op}", lambda fn=eager, flops=flops:
+                               with_tflops(time_calls(ctx, fn, n_sets), flops))
+        row["ours"] = ours_or_reason(ctx) or pair["ours"]
         if ctx.ours is not None:
             row["rel_err"] = attempt(ctx, f"check {op}", lambda spec=spec: check_outputs(
                 spec["ours"](first), spec["reference"](first)))
@@ -524,9 +577,20 @@ def train_step(model: nn.Module, x: torch.Tensor, dy: torch.Tensor) -> torch.Ten
     return y
 
 
-def bench_mlp_variant(ctx: Ctx, model: nn.Module, xs, dys, flops: float, reference):
-    """First call (compiles or loads kernels), a check of y and dx against the reference (the
-    first variant's outputs), then timed steps with peak memory. Returns (result, reference)."""
+def clear_grads(model: nn.Module, xs) -> None:
+    model.zero_grad(set_to_none=True)
+    for x in xs:
+        x.grad = None
+
+
+def model_bytes(model: nn.Module) -> int:
+    return nbytes(*model.parameters(), *model.buffers())
+
+
+def first_step(ctx: Ctx, model: nn.Module, xs, dys, reference):
+    """The first call (compiles or loads kernels), timed, and a check of y and dx against the
+    reference: the first variant's outputs, which this call provides when there is none yet.
+    Returns (result, reference)."""
     t0 = time.perf_counter()
     y = train_step(model, xs[0], dys[0])
     ctx.sync()
@@ -536,24 +600,46 @@ def bench_mlp_variant(ctx: Ctx, model: nn.Module, xs, dys, flops: float, referen
     else:
         out["rel_err_y"] = rel_err(y, reference[0])
         out["rel_err_dx"] = rel_err(xs[0].grad, reference[1])
-    del y
+    clear_grads(model, xs)
+    return out, reference
 
-    # Peak memory over the timed steps only: one-time buffers of the first call stay out.
-    model.zero_grad(set_to_none=True)
-    for x in xs:
-        x.grad = None
-    before = 0
-    if ctx.cuda:
-        ctx.sync()
-        torch.cuda.reset_peak_memory_stats(ctx.device)
-        before = torch.cuda.memory_allocated(ctx.device)
+
+def step_peak_memory(ctx: Ctx, model: nn.Module, xs, dys, held_by_others: int = 0,
+                     steps: int = 2) -> dict:
+    """Peak memory of a few training steps of this model alone, after its first call (whose
+    one-time buffers stay out). A pass of its own because interleaved variants share the one peak
+    counter. ``held_by_others``: bytes of other variants' models that are alive meanwhile (built
+    for the interleaved timing), left out so that peak_mem_gb is what this variant needs alone."""
+    if not ctx.cuda:
+        return {}
+    clear_grads(model, xs)
+    ctx.sync()
+    torch.cuda.reset_peak_memory_stats(ctx.device)
+    before = torch.cuda.memory_allocated(ctx.device)
+    for i in range(steps):
+        train_step(model, xs[i % len(xs)], dys[i % len(dys)])
+    ctx.sync()
+    peak = torch.cuda.max_memory_allocated(ctx.device)
+    clear_grads(model, xs)
+    return {"peak_mem_gb": (peak - held_by_others) / 2 ** 30,
+            "peak_over_start_gb": (peak - before) / 2 ** 30}
+
+
+def prepare_mlp_variant(ctx: Ctx, model: nn.Module, xs, dys, reference, held_by_others: int = 0):
+    """Everything of a variant but its timing: first call, check, peak memory.
+    Returns (result, reference)."""
+    out, reference = first_step(ctx, model, xs, dys, reference)
+    out |= step_peak_memory(ctx, model, xs, dys, held_by_others)
+    return out, reference
+
+
+def bench_mlp_variant(ctx: Ctx, model: nn.Module, xs, dys, flops: float, reference):
+    """One variant on its own (the TP benchmark times its variants this way): first call, check,
+    peak memory, then timed steps. Returns (result, reference)."""
+    out, reference = prepare_mlp_variant(ctx, model, xs, dys, reference)
     timing = time_calls(ctx, lambda i: train_step(model, xs[i], dys[i]), len(xs))
     out |= with_tflops(timing, flops)
-    if ctx.cuda:
-        peak = torch.cuda.max_memory_allocated(ctx.device)
-        out["peak_mem_gb"] = peak / 2 ** 30
-        out["peak_over_start_gb"] = (peak - before) / 2 ** 30
-    model.zero_grad(set_to_none=True)
+    clear_grads(model, xs)
     return out, reference
 
 
@@ -584,7 +670,10 @@ def mlp_builders(ctx: Ctx, act: str, h: int, w1: torch.Tensor, w2: torch.Tensor)
 
 
 def bench_mlp(ctx: Ctx, act: str, h: int, names) -> dict:
-    """The named variants of one config, in order; the first one's outputs are the reference."""
+    """The named variants of one config. Each in turn is built, called once (first-call time, and
+    a check against the first variant's outputs, the reference) and measured for peak memory; then
+    the timed steps of all of them run interleaved, one step of each per round, so that the
+    ratios between them compare the variants at the same clocks (see time_interleaved)."""
     T, d = ctx.tokens, ctx.d_model
     f = fc1_features(act, h)
     flops = mlp_flops(T, d, act, h)
@@ -594,31 +683,50 @@ def bench_mlp(ctx: Ctx, act: str, h: int, names) -> dict:
     xs = [ctx.rand(T, d).requires_grad_(True) for _ in range(n_sets)]
     dys = [ctx.rand(T, d) for _ in range(n_sets)]
     builders = mlp_builders(ctx, act, h, w1, w2)
+    label = config_label(act, h)
 
-    row = {"config": config_label(act, h), "activation": act, "hidden": h, "flops": flops,
-           "variants": {}}
+    row = {"config": label, "activation": act, "hidden": h, "flops": flops, "variants": {}}
+    models = {}  # the variants ready to time, kept alive until the interleaved timing
     reference = None
     for name in names:
-        log(f"mlp {config_label(act, h)} {name}")
+        log(f"mlp {label} {name}")
         if name.startswith("ours") and ctx.ours is None:
             row["variants"][name] = {"unavailable": ctx.ours_reason}
             continue
         reserve = COMPILE_RESERVE_S if name == "compile" else 0.0
-        out = attempt(ctx, f"mlp {name}", lambda build=builders[name], ref=reference:
-                      bench_mlp_variant(ctx, build(), xs, dys, flops, ref), min_time_s=reserve)
+        held = sum(model_bytes(m) for m in models.values())
+
+        def prepare(build=builders[name], ref=reference, held=held):
+            model = build()
+            return (model, *prepare_mlp_variant(ctx, model, xs, dys, ref, held))
+
+        out = attempt(ctx, f"mlp {name}", prepare, min_time_s=reserve)
         if isinstance(out, tuple):
-            out, reference = out
+            models[name], out, reference = out
         row["variants"][name] = out
         free_memory(ctx)
+
+    if models:
+        log(f"mlp {label} timing {', '.join(models)} interleaved")
+        steps = {name: (lambda i, model=model: train_step(model, xs[i], dys[i]))
+                 for name, model in models.items()}
+        timings = per_name(attempt(ctx, f"mlp {' vs '.join(models)}", time_with_tflops, ctx,
+                                   steps, n_sets, flops), models)
+        for name in models:
+            row["variants"][name] |= timings[name]
     return finish_mlp_row(row)
 
 
 def finish_mlp_row(row: dict) -> dict:
-    """The ratios: every variant vs eager, and recompute time / default time."""
+    """The ratios: every variant vs eager, and recompute time / default time. torch.compile is
+    compared with eager's second run, the one timed interleaved with it, when that has a time."""
     v = row["variants"]
-    for res in v.values():
+    for name, res in v.items():
         if isinstance(res, dict) and "ms" in res:
-            res["speedup_vs_eager"] = ratio(v.get("eager"), res)
+            base = v.get("eager")
+            if name == "compile" and "ms" in v.get("eager_again", {}):
+                base = v["eager_again"]
+            res["speedup_vs_eager"] = ratio(base, res)
     row["recompute_ratio"] = ratio(v.get("ours_recompute"), v.get("ours"))
     return row
 
@@ -639,8 +747,10 @@ def section_mlp(ctx: Ctx, results: dict) -> None:
 
 def section_compile(ctx: Ctx, results: dict) -> None:
     """torch.compile last: its first call takes tens of seconds, so everything else is measured
-    first and compile runs while the budget lasts. Eager runs again beside it as the correctness
-    reference; its second time also shows the run-to-run spread."""
+    first and compile runs while the budget lasts. Eager runs again beside it, kept as its own row
+    ("eager (again)") although the MLP section already timed eager: it is compile's correctness
+    reference, and, timed interleaved with compile, the same-clock base of compile's speedup. Its
+    time next to the first eager's also shows how far the clocks moved between the sections."""
     rows = results.setdefault("mlp", [])
     by_config = {r["config"]: r for r in rows}
     for act, h in ctx.configs:

@@ -125,3 +125,56 @@ def test_cold_start_alone_with_its_breakdown_and_profile(tmp_path):
         assert all(positive(t) for t in stamps) and stamps == sorted(stamps), run
     assert (tmp_path / "cold_start_torch.prof").stat().st_size > 0
     assert "fwd+bwd alone" in proc.stdout
+
+
+def cpu_ctx(iters: int, warmup: int):
+    from parallel_mlp import bench
+
+    return bench.Ctx(device=torch.device("cpu"), dtype=torch.float32, tokens=1, d_model=1,
+                     configs=[], iters=iters, warmup=warmup, backend="torch",
+                     deadline=float("inf"))
+
+
+def test_time_interleaved_round_robin():
+    """Each round calls every fn once, in order, on the same input set; warm-up rounds first;
+    per fn the same result as time_calls."""
+    from parallel_mlp import bench
+
+    ctx = cpu_ctx(iters=5, warmup=2)
+    calls = []
+    fns = {name: (lambda i, name=name: calls.append((name, i))) for name in ("a", "b", "c")}
+    out = bench.time_interleaved(ctx, fns, n_sets=3)
+
+    rounds = [i % 3 for i in range(2)] + [i % 3 for i in range(5)]  # warm-up, then timed
+    assert calls == [(name, i) for i in rounds for name in ("a", "b", "c")]
+    assert list(out) == ["a", "b", "c"]
+    alone = bench.time_calls(ctx, lambda i: None, n_sets=3)
+    for res in out.values():
+        assert res.keys() == alone.keys()
+        assert res["iters"] == 5 and res["input_sets"] == 3
+        assert 0 <= res["min_ms"] <= res["ms"] <= res["max_ms"]
+
+
+def test_time_interleaved_times_each_fn_apart():
+    """A slow fn beside a fast one: each keeps its own time."""
+    import time
+
+    from parallel_mlp import bench
+
+    ctx = cpu_ctx(iters=3, warmup=0)
+    out = bench.time_interleaved(ctx, {"slow": lambda i: time.sleep(0.02), "fast": lambda i: None})
+    assert out["slow"]["min_ms"] >= 15 and out["fast"]["ms"] < 10
+
+
+def test_interleaved_failure_reaches_every_row():
+    """When the interleaved measurement fails, every variant in it gets the error."""
+    from parallel_mlp import bench
+
+    ctx = cpu_ctx(iters=2, warmup=1)
+
+    def broken(i):
+        raise RuntimeError("boom")
+
+    fns = {"cublas": lambda i: None, "ours": broken}
+    rows = bench.per_name(bench.attempt(ctx, "pair", bench.time_interleaved, ctx, fns), fns)
+    assert rows == {name: {"error": "RuntimeError: boom"} for name in ("cublas", "ours")}
