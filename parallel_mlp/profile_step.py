@@ -2,10 +2,11 @@
 
     python -m parallel_mlp.profile_step [--act swiglu --h 14336 --T 8192 --d 4096 --steps 6]
 
-For ours (ParallelMLP on the default backend) and PyTorch eager, after warm-up steps, runs
-`--steps` training steps (the bench's `train_step`) under torch.profiler and prints per step: the
-wall time between the first kernel's start and the last kernel's end, the summed kernel time,
-the gaps (the GPU idle, e.g. waiting for the host), and each kernel's time. A step that is
+For ours (ParallelMLP on the default backend, with and without recompute) and PyTorch eager,
+after warm-up steps, runs `--steps` training steps (the bench's `train_step`) under torch.profiler
+and prints per step: the wall time between the first kernel's start and the last kernel's end,
+the summed kernel time, the gaps (the GPU idle, e.g. waiting for the host), and each kernel's
+time in launch order. A step that is
 slower than its kernels is host- or sync-bound; kernels slower than `bench_gemm` measures them
 alone point at clocks or at interference between neighbouring kernels.
 """
@@ -19,21 +20,28 @@ import torch
 
 
 def kernel_table(prof, steps: int):
-    """(per-step busy ms, per-step span ms, [(name, calls per step, ms per step)]) from the CUDA
-    kernel events of a profile."""
-    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    kernels = [e for e in events if e.time_range.elapsed_us() > 0]
+    """(per-step busy ms, per-step span ms, [(name, ms per step)]) from the CUDA kernel events of
+    a profile; the rows follow one step's launch order (every step launches the same sequence),
+    each the mean over the steps."""
+    kernels = [e for e in prof.events()
+               if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.elapsed_us() > 0]
     if not kernels:
         return 0.0, 0.0, []
-    start = min(e.time_range.start for e in kernels)
-    end = max(e.time_range.end for e in kernels)
-    busy = defaultdict(float)
-    calls = defaultdict(int)
-    for e in kernels:
-        busy[e.name] += e.time_range.elapsed_us()
-        calls[e.name] += 1
-    rows = sorted(((n, calls[n] / steps, busy[n] / steps / 1e3) for n in busy), key=lambda r: -r[2])
-    return sum(busy.values()) / steps / 1e3, (end - start) / steps / 1e3, rows
+    kernels.sort(key=lambda e: e.time_range.start)
+    start, end = kernels[0].time_range.start, max(e.time_range.end for e in kernels)
+    busy = sum(e.time_range.elapsed_us() for e in kernels)
+    per_step = len(kernels) // steps
+    rows = []
+    if per_step * steps == len(kernels):
+        for i in range(per_step):
+            same = kernels[i::per_step]
+            rows.append((same[0].name, sum(e.time_range.elapsed_us() for e in same) / steps / 1e3))
+    else:  # steps launched different sequences: totals per kernel name instead
+        totals = defaultdict(float)
+        for e in kernels:
+            totals[e.name] += e.time_range.elapsed_us()
+        rows = sorted(((n, t / steps / 1e3) for n, t in totals.items()), key=lambda r: -r[1])
+    return busy / steps / 1e3, (end - start) / steps / 1e3, rows
 
 
 def profile(step, steps: int, warmup: int = 3):
@@ -50,6 +58,9 @@ def profile(step, steps: int, warmup: int = 3):
 
 
 def short(name: str, width: int = 70) -> str:
+    """Our kernels' names start with the same long class path; what differs comes last."""
+    if name.startswith("kernel_cutlass") and len(name) > width:
+        return "cute ..." + name[-(width - 8):]
     return name if len(name) <= width else name[: width - 3] + "..."
 
 
@@ -78,6 +89,7 @@ def main(argv=None) -> int:
     flops = 3 * (2 * T * d * f + 2 * T * args.h * d)
     models = {
         "ours": build_parallel_mlp(w1, w2, args.act, args.h),
+        "ours recompute": build_parallel_mlp(w1, w2, args.act, args.h, recompute=True),
         "eager": EagerMLP(chunked_w1(w1, gated), w2.clone(), args.act),
     }
     print(f"{args.act} h={args.h} T={T} d={d} bf16, {args.steps} profiled steps; {torch.cuda.get_device_name()}")
@@ -85,8 +97,8 @@ def main(argv=None) -> int:
         busy, span, rows = profile(lambda: train_step(model, x, dy), args.steps)
         print(f"\n{name}: step span {span:.3f} ms ({flops / span / 1e9:.0f} TF/s), kernels {busy:.3f} ms, "
               f"gaps {span - busy:.3f} ms")
-        for kname, calls, ms in rows:
-            print(f"  {ms:8.3f} ms  x{calls:4.1f}  {short(kname)}")
+        for kname, ms in rows:
+            print(f"  {ms:8.3f} ms  {short(kname)}")
     return 0
 
 

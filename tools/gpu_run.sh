@@ -11,7 +11,8 @@
 #                  without it (l2_prefetch; also with dact_prefetch=2), h=14336 and h=7168
 #     bench_gemm   the six GEMMs + fused ops vs cuBLAS, h=14336 and h=7168
 #     mlp          whole MLP fwd+bwd vs eager (no torch.compile, no cold start)
-#     profile      one MLP step's kernels and idle gaps, ours and eager (torch.profiler)
+#     profile      one MLP step's kernels and idle gaps, ours and eager (torch.profiler), and
+#                  where the host time of one launch goes
 #     full         the whole parallel_mlp.bench (GEMMs, fused, MLP, cold start, torch.compile)
 #     ncu          ncu on profile_cases (five GEMMs; needs the Firecracker runtime's ncu)
 #   bash tools/gpu_run.sh --list          print the commands, run nothing
@@ -30,7 +31,7 @@ declare -A CMD=(
   [prefetch]="timeout 240 python3 -m pytest -q -m gpu tests/kernels/test_l2_prefetch_gpu.py -x; for h in 14336 7168; do timeout 120 python3 -m parallel_mlp.kernels.bench_gemm --h \$h --only dpost,dW1,dW2 --also l2_prefetch=1 --also l2_prefetch=1,dact_prefetch=2; done"
   [bench_gemm]="timeout 120 python3 -m parallel_mlp.kernels.bench_gemm && timeout 90 python3 -m parallel_mlp.kernels.bench_gemm --h 7168"
   [mlp]="timeout 200 python3 -m parallel_mlp.bench --only mlp --skip-compile --skip-cold-start --iters 15 --warmup 3 --budget-s 170 --json $OUT/mlp.json"
-  [profile]="timeout 200 python3 -m parallel_mlp.profile_step && timeout 150 python3 -m parallel_mlp.profile_step --h 7168"
+  [profile]="timeout 200 python3 -m parallel_mlp.profile_step && timeout 150 python3 -m parallel_mlp.profile_step --h 7168 && timeout 60 python3 -m parallel_mlp.kernels.host_overhead"
   [full]="timeout 420 python3 -m parallel_mlp.bench --iters 20 --warmup 3 --budget-s 300 --json $OUT/bench.json"
   [ncu]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 5 --launch-count 5 --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis python3 -m parallel_mlp.kernels.profile_cases"
 )

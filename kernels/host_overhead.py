@@ -1,0 +1,93 @@
+"""Where the host time of one op launch goes (a GPU is needed to launch).
+
+    python -m parallel_mlp.kernels.host_overhead [--calls 300]
+
+A 256^3 GEMM runs for a few microseconds, so back-to-back launches measure the host side alone:
+the Python of `ops.gemm`, the DLPack conversions, the config and kernel lookup, and the compiled
+launcher (which encodes the TMA descriptors and launches). Prints each part's µs per call, and
+a cProfile of the whole op's calls, to show what a faster launch path has to remove.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import time
+
+import torch
+
+
+def per_call_us(fn, calls: int) -> float:
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / calls * 1e6
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m parallel_mlp.kernels.host_overhead", description=__doc__.split("\n")[0])
+    p.add_argument("--calls", type=int, default=300)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("host_overhead needs a CUDA GPU")
+
+    from . import ops
+    from .compile import KernelKey, get_kernel
+    from .epilogue import EpilogueSpec
+
+    n = args.calls
+    a = torch.randn(256, 256, device="cuda").to(torch.bfloat16)
+    b = torch.randn(256, 256, device="cuda").to(torch.bfloat16)
+    d = torch.empty(256, 256, device="cuda", dtype=torch.bfloat16)
+    bk = b.t()
+    spec = EpilogueSpec("store")
+
+    def lookup():
+        cfg = ops._pick_config(spec, a, bk, torch.bfloat16, None, False)
+        return get_kernel(KernelKey(spec, cfg, "bfloat16", ops._major(a), ops._major(bk), "bfloat16", None))
+
+    fn = lookup()
+    args_cute = [ops._to_cute(t) for t in (a, bk, d)]
+    stream = ops._stream()
+
+    def launch_only():
+        fn(args_cute[0], args_cute[1], args_cute[2], None, None, None, None, None, stream)
+
+    def device_context():
+        with torch.cuda.device(a.device):
+            pass
+
+    parts = {
+        "torch.mm (reference)": lambda: torch.mm(a, b),
+        "ops.gemm, whole op": lambda: ops.gemm(a, b, out=d),
+        "  3 x _to_cute (DLPack + dynamic layout)": lambda: [ops._to_cute(t) for t in (a, bk, d)],
+        "  _stream()": ops._stream,
+        "  config + KernelKey + get_kernel": lookup,
+        "  compiled launcher, converted args": launch_only,
+        "  torch.cuda.device(...) context": device_context,
+    }
+    print(f"host µs per call ({n} back-to-back calls, 256^3 bf16); {torch.cuda.get_device_name()}")
+    for name, f in parts.items():
+        print(f"  {per_call_us(f, n):8.1f}  {name}")
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(n):
+        ops.gemm(a, b, out=d)
+    prof.disable()
+    torch.cuda.synchronize()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(25)
+    print(out.getvalue())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
