@@ -19,11 +19,7 @@ import functools
 
 import torch
 
-from .tuning import host_us_per_call, median_ms, median_ms_interleaved
-
-
-def bench(fn, reps=30, warmup=5):
-    return median_ms(fn, reps=reps, warmup=warmup)
+from .tuning import host_us_per_call, median_ms_interleaved
 
 
 def main(argv=None):
@@ -102,21 +98,28 @@ def main(argv=None):
             continue
         flops = 2 * M * N * K
         if args.sweep:
-            print(f"{name}: default {default_config(M, N, K).key}; torch {flops / bench(ref) / 1e9:.0f} TF/s")
             candidates = PINGPONG_CANDIDATES if pingpong else TUNE_CANDIDATES
             if args.groups:
                 groups = [int(g) for g in args.groups.split(",")]
                 candidates = [dataclasses.replace(c, raster_group=g) for c in candidates for g in groups]
+            if args.scheduler:
+                # the dynamic scheduler takes 1x1 clusters only
+                candidates = [dataclasses.replace(c, scheduler=args.scheduler) for c in candidates
+                              if args.scheduler != "dynamic" or (c.cluster_m, c.cluster_n) == (1, 1)]
+            # Compile (or fail) each candidate first, then time the ones that run interleaved
+            # with torch, so the TF/s of one row compare at the same clocks.
+            runnable = []
             for cfg in candidates:
-                if args.scheduler:
-                    if args.scheduler == "dynamic" and (cfg.cluster_m, cfg.cluster_n) != (1, 1):
-                        continue  # the dynamic scheduler takes 1x1 clusters only
-                    cfg = dataclasses.replace(cfg, scheduler=args.scheduler)
                 fn = functools.partial(_with_config, ours, cfg)
                 try:
-                    print(f"   {cfg.key:28s} {flops / bench(fn) / 1e9:6.0f} TF/s", flush=True)
+                    fn()
+                    runnable.append((cfg, fn))
                 except Exception as e:
                     print(f"   {cfg.key:28s} failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
+            times = median_ms_interleaved([ref] + [fn for _, fn in runnable], reps=20, warmup=3)
+            print(f"{name}: default {default_config(M, N, K).key}; torch {flops / times[0] / 1e9:.0f} TF/s")
+            for (cfg, _), t in zip(runnable, times[1:]):
+                print(f"   {cfg.key:28s} {flops / t / 1e9:6.0f} TF/s  {times[0] / t:5.3f}x torch", flush=True)
             continue
         if pingpong:
             cfg = PINGPONG_CANDIDATES[0]

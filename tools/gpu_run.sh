@@ -10,6 +10,8 @@
 #     prefetch     the L2 prefetch option's GPU tests, and dact / accumulate timed with and
 #                  without it (l2_prefetch; also with dact_prefetch=2), h=14336 and h=7168
 #     bench_gemm   the six GEMMs + fused ops vs cuBLAS, h=14336 and h=7168
+#     sweep        the tuning candidates at raster groups 8 and 16 on the three biggest GEMMs,
+#                  and every GEMM with pingpong 128x128 c2x1 g16 / cooperative g16 beside it
 #     mlp          whole MLP fwd+bwd vs eager (no torch.compile, no cold start)
 #     profile      one MLP step's kernels and idle gaps, ours and eager (torch.profiler), and
 #                  where the host time of one launch goes
@@ -30,12 +32,13 @@ declare -A CMD=(
   [tests_layer]="timeout 150 python3 -m pytest -q -m gpu tests/test_layer_gpu.py -x"
   [prefetch]="timeout 240 python3 -m pytest -q -m gpu tests/kernels/test_l2_prefetch_gpu.py -x; for h in 14336 7168; do timeout 120 python3 -m parallel_mlp.kernels.bench_gemm --h \$h --only dpost,dW1,dW2 --also l2_prefetch=1 --also l2_prefetch=1,dact_prefetch=2; done"
   [bench_gemm]="timeout 120 python3 -m parallel_mlp.kernels.bench_gemm && timeout 90 python3 -m parallel_mlp.kernels.bench_gemm --h 7168"
+  [sweep]="timeout 300 python3 -m parallel_mlp.kernels.bench_gemm --sweep --only fc1,dx,dW1 --groups 8,16; timeout 200 python3 -m parallel_mlp.kernels.bench_gemm --also consumers=pingpong,tile_n=128,raster_group=16 --also raster_group=16"
   [mlp]="timeout 200 python3 -m parallel_mlp.bench --only mlp --skip-compile --skip-cold-start --iters 15 --warmup 3 --budget-s 170 --json $OUT/mlp.json"
   [profile]="timeout 200 python3 -m parallel_mlp.profile_step && timeout 150 python3 -m parallel_mlp.profile_step --h 7168 && timeout 60 python3 -m parallel_mlp.kernels.host_overhead"
   [full]="timeout 420 python3 -m parallel_mlp.bench --iters 20 --warmup 3 --budget-s 300 --json $OUT/bench.json"
   [ncu]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 5 --launch-count 5 --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis python3 -m parallel_mlp.kernels.profile_cases"
 )
-ORDER=(tests_kernels tests_layer prefetch bench_gemm mlp profile full ncu)
+ORDER=(tests_kernels tests_layer prefetch bench_gemm sweep mlp profile full ncu)
 
 steps=("$@")
 if [ ${#steps[@]} -eq 0 ]; then
