@@ -66,7 +66,19 @@ def variants(quick: bool = False):
     out += pingpong_variants(quick)
     out += dact_prefetch_variants(quick)
     out += l2_prefetch_variants(quick)
+    out += default_mlp_variants(quick)
     return out
+
+
+def default_mlp_variants(quick: bool = False):
+    """The kernels ops launches by default for an MLP at T=8192, d=4096 (swiglu h=14336, and
+    with biases), which warm-up compiles; --quick: without biases."""
+    from .warmup import mlp_keys
+
+    keys = mlp_keys(8192, 4096, 14336, "swiglu")
+    if not quick:
+        keys += mlp_keys(8192, 4096, 16384, "gelu_tanh_approx", bias=True)
+    return list(dict.fromkeys(keys))
 
 
 def l2_prefetch_variants(quick: bool = False):

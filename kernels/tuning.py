@@ -122,10 +122,13 @@ def tuned_config(spec, a, bk, d_dtype, num_sms: int) -> GemmConfig:
         choices = _load()
         if key in choices:
             return GemmConfig(**choices[key])
-    best, best_t = default_config(m, n, k, num_sms, spec.kind), float("inf")
+    default = default_config(m, n, k, num_sms, spec.kind)
+    best, best_t = default, float("inf")
     b = bk.t()
-    for cand in TUNE_CANDIDATES:
-        cfg = dataclasses.replace(cand, num_sms=num_sms, l2_prefetch=best.l2_prefetch)
+    # The default competes too: it may be a config the candidate list does not hold (pingpong).
+    candidates = [default] + [dataclasses.replace(c, num_sms=num_sms, l2_prefetch=default.l2_prefetch)
+                              for c in TUNE_CANDIDATES]
+    for cfg in dict.fromkeys(candidates):
         if spec.kind in ("store", "accumulate"):
             out = torch.zeros(m, n, dtype=d_dtype, device=a.device)
             run = lambda: ops.gemm(a, b, out=out, accumulate=spec.kind == "accumulate", config=cfg)  # noqa: E731

@@ -470,3 +470,45 @@ def test_dact_in_place_fp16(act):
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     ref_dpre, _ = A.backward(preact.float(), dy.float() @ w2.float())
     check(got[0], ref_dpre, A.backward(preact, dy @ w2)[0], f"in-place fp16 {act}")
+
+
+# The default config for two or more waves of 128x256 tiles is pingpong 128x128 with a 2x1
+# cluster and raster group 16 (store, accumulate, act); these shapes reach it with tails in
+# M, N and K, through the ops' own config choice.
+BIG_TAILED = (4100, 1000, 4200)  # (M, K, N): 33 x 17 tiles of 128x256 on 132 SMs
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_default_big_gemm_and_accumulate(dtype):
+    from parallel_mlp.kernels import ops
+
+    m, k, n = BIG_TAILED
+    a = operand(m, k, "row", dtype, k ** -0.5)
+    b = operand(k, n, "col", dtype)
+    check(ops.gemm(a, b), a.float() @ b.float(), a @ b, "default big gemm")
+    at = operand(m, k, "col", dtype, k ** -0.5)  # the wgrad layout
+    base = torch.randn(m, n, device="cuda")
+    acc = base.clone()
+    ops.gemm(at, b, out=acc, accumulate=True)
+    ops.gemm(at, b, out=acc, accumulate=True)
+    check(acc, base + 2 * (at.float() @ b.float()), base + 2 * (at @ b).float(), "default big accumulate")
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("act", ["swiglu", "gelu_tanh_approx", "relu_sq"])
+def test_default_big_gemm_act_and_recompute_bits(act, bias):
+    from parallel_mlp.kernels import ops
+
+    A = ACTIVATIONS[act]
+    m, k, n = BIG_TAILED
+    x = operand(m, k, "row", torch.bfloat16, k ** -0.5)
+    w = operand(n, k, "row", torch.bfloat16)
+    b1 = (torch.randn(n, device="cuda") * 0.5).to(torch.bfloat16) if bias else None
+    pre, post = ops.gemm_act(x, w.t(), act, bias=b1)
+    ref_pre = x.float() @ w.float().t() + (b1.float() if bias else 0)
+    lowp_pre = x @ w.t() + (b1 if bias else 0)
+    check(pre, ref_pre, lowp_pre, f"{act} default big preact")
+    check(post, A.forward(ref_pre), A.forward(lowp_pre), f"{act} default big postact")
+    if not bias:
+        # recompute replays fc1 as a plain GEMM: the same config, so the same bits
+        assert torch.equal(ops.gemm(x, w.t()), pre)
