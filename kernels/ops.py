@@ -31,6 +31,7 @@ _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.floa
 
 
 @functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=None)  # checked on every launch; an import's outcome does not change
 def _dsl_import_error() -> Optional[str]:
     try:
         import cutlass  # noqa: F401
