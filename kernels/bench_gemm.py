@@ -50,6 +50,8 @@ def main(argv=None):
         help="time another column of ours with these GemmConfig fields replaced on the config ours "
         "picks (e.g. l2_prefetch=1, dact_prefetch=2); repeatable",
     )
+    p.add_argument("--scale", type=float, default=0.02,
+                   help="standard deviation of every random operand (1: preact and dy at unit scale, as in training)")
     args = p.parse_args(argv)
     variants = [_parse_fields(a) for a in args.also]
 
@@ -61,7 +63,7 @@ def main(argv=None):
     T, d, h = args.T, args.d, args.h
     F = 2 * h if A.gated else h
     bf = torch.bfloat16
-    r = lambda *s: torch.randn(*s, device="cuda", dtype=bf) * 0.02  # noqa: E731
+    r = lambda *s: torch.randn(*s, device="cuda", dtype=bf) * args.scale  # noqa: E731
     x, w1, w2 = r(T, d), r(F, d), r(d, h)
     pre, post, dy = r(T, F), r(T, h), r(T, d)
     dpre = r(T, F)

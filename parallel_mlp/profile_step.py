@@ -14,6 +14,7 @@ alone point at clocks or at interference between neighbouring kernels.
 from __future__ import annotations
 
 import argparse
+import time
 from collections import defaultdict
 
 import torch
@@ -31,17 +32,36 @@ def kernel_table(prof, steps: int):
     start, end = kernels[0].time_range.start, max(e.time_range.end for e in kernels)
     busy = sum(e.time_range.elapsed_us() for e in kernels)
     per_step = len(kernels) // steps
+    # The GPU's idle time before each kernel (0 for the first one profiled).
+    gaps = [0.0] + [max(0.0, b.time_range.start - a.time_range.end) for a, b in zip(kernels, kernels[1:])]
     rows = []
     if per_step * steps == len(kernels):
         for i in range(per_step):
-            same = kernels[i::per_step]
-            rows.append((same[0].name, sum(e.time_range.elapsed_us() for e in same) / steps / 1e3))
+            same = range(i, len(kernels), per_step)
+            rows.append((kernels[i].name,
+                         sum(kernels[j].time_range.elapsed_us() for j in same) / steps / 1e3,
+                         sum(gaps[j] for j in same) / steps / 1e3))
     else:  # steps launched different sequences: totals per kernel name instead
-        totals = defaultdict(float)
-        for e in kernels:
+        totals, idle = defaultdict(float), defaultdict(float)
+        for e, g in zip(kernels, gaps):
             totals[e.name] += e.time_range.elapsed_us()
-        rows = sorted(((n, t / steps / 1e3) for n, t in totals.items()), key=lambda r: -r[1])
+            idle[e.name] += g
+        rows = sorted(((n, t / steps / 1e3, idle[n] / steps / 1e3) for n, t in totals.items()), key=lambda r: -r[1])
     return busy / steps / 1e3, (end - start) / steps / 1e3, rows
+
+
+def host_and_gpu_ms(step, steps: int):
+    """Without the profiler: host ms per step (enqueueing only, no synchronize inside) and
+    wall ms per step once the GPU has finished. Host time well under the wall time means the
+    host runs ahead and cannot leave the GPU idle."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    return (t1 - t0) / steps * 1e3, (t2 - t0) / steps * 1e3
 
 
 def profile(step, steps: int, warmup: int = 3):
@@ -94,11 +114,14 @@ def main(argv=None) -> int:
     }
     print(f"{args.act} h={args.h} T={T} d={d} bf16, {args.steps} profiled steps; {torch.cuda.get_device_name()}")
     for name, model in models.items():
-        busy, span, rows = profile(lambda: train_step(model, x, dy), args.steps)
+        step = lambda: train_step(model, x, dy)  # noqa: E731
+        busy, span, rows = profile(step, args.steps)
+        host, wall = host_and_gpu_ms(step, args.steps)
         print(f"\n{name}: step span {span:.3f} ms ({flops / span / 1e9:.0f} TF/s), kernels {busy:.3f} ms, "
-              f"gaps {span - busy:.3f} ms")
-        for kname, ms in rows:
-            print(f"  {ms:8.3f} ms  {short(kname)}")
+              f"gaps {span - busy:.3f} ms; unprofiled: host {host:.3f} ms/step, wall {wall:.3f} ms/step")
+        print(f"  {'kernel ms':>9s} {'idle before':>11s}")
+        for kname, ms, gap in rows:
+            print(f"  {ms:9.3f} {gap:11.3f}  {short(kname)}")
     return 0
 
 
