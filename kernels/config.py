@@ -55,6 +55,9 @@ class GemmConfig:
     # mainloop. Persistent CTAs reach their epilogues together, so without it every SM reads
     # its epilogue input from HBM in the same few microseconds while the tensor cores wait.
     l2_prefetch: bool = False
+    # Most A/B stages the smem ring may hold (the kernel takes as many as fit, up to this):
+    # for measuring what the stage count is worth at a tile.
+    max_stages: int = 8
 
     def __post_init__(self):
         if self.tile_m not in (64, 128):
@@ -83,6 +86,8 @@ class GemmConfig:
                     f"{PINGPONG_MAX_ACC_REGS} (e.g. 128x128 or 64x256)"
                 )
 
+        if not 2 <= self.max_stages <= 8:
+            raise ValueError(f"max_stages={self.max_stages}: must be 2 to 8")
         if self.dact_prefetch not in (1, 2, 3):
             raise ValueError(f"dact_prefetch={self.dact_prefetch}: must be 1, 2 or 3")
         if self.dact_prefetch != 1 and self.consumers != "cooperative":
@@ -100,9 +105,10 @@ class GemmConfig:
         cons = "" if self.consumers == "cooperative" else f"_{self.consumers}"
         pf = "" if self.dact_prefetch == 1 else f"_pf{self.dact_prefetch}"
         l2 = "_l2pf" if self.l2_prefetch else ""
+        st = "" if self.max_stages == 8 else f"_st{self.max_stages}"
         return (
             f"t{self.tile_m}x{self.tile_n}_c{self.cluster_m}x{self.cluster_n}"
-            f"_g{self.raster_group}_sm{self.num_sms}{sched}{cons}{pf}{l2}"
+            f"_g{self.raster_group}_sm{self.num_sms}{sched}{cons}{pf}{l2}{st}"
         )
 
 

@@ -133,7 +133,7 @@ class PersistentGemmSm90:
             tm * w * dtypes[c].width // 8 * stages[c] if w else 1024 for c, w in widths.items()
         )
         stage_bytes = (tm * tk) * a_dtype.width // 8 + (tn * tk) * b_dtype.width // 8
-        ab_stages = min((SMEM_CAPACITY - epi_bytes - 1024) // stage_bytes, 8)
+        ab_stages = min((SMEM_CAPACITY - epi_bytes - 1024) // stage_bytes, self.cfg.max_stages)
         if ab_stages < 2:
             raise ValueError(f"tile {tm}x{tn}: not enough shared memory for two stages")
         self.ab_stages = ab_stages
