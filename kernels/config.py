@@ -116,11 +116,11 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
     """Pick a config for an (M, N, K) problem and an epilogue kind without timing anything.
 
     With two or more waves of 128x256 tiles (every GEMM of an MLP at T=8192): pingpong consumers
-    on 128x128 tiles with a 2x1 cluster and raster group 16 for the plain, accumulate and act
-    epilogues; one warpgroup's epilogue then runs under the other's mainloop. Timed interleaved
-    against the cooperative 128x256 default on an H200 (kernels/NOTES.md, session 3): fc1 + swiglu
-    7% faster, plain and accumulate GEMMs 2-5%, dx even. The dact stays cooperative: pingpong's
-    gated dact ran 40% slower.
+    on 128x128 tiles with a 2x1 cluster and raster group 16; one warpgroup's epilogue then runs
+    under the other's mainloop. Timed interleaved against the cooperative 128x256 default on an
+    H200 (kernels/NOTES.md, session 3): fc1 + swiglu 7% faster, plain and accumulate GEMMs 2-5%,
+    dx even. The dact joined once its epilogue smem shrank enough for 5 A/B stages (a 128x128
+    pingpong tile at 3 stages runs 32% slower than at 5).
 
     The accumulate (fp32 main-grad) epilogue gets the L2 prefetch of its D tile: 0.5-1.4%
     faster on the MLP's wgrad shapes (interleaved). The dact does not: its preact prefetch
@@ -135,7 +135,7 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
 
     pf = kind == "accumulate"
     cm = 2 if m >= 2048 else 1
-    if waves(128, 256) >= 2 and kind != "dact":
+    if waves(128, 256) >= 2:
         return GemmConfig(128, 128, cm, 1, 16, num_sms, consumers="pingpong", l2_prefetch=pf)
     if waves(128, 256) >= 2 or n > 128 and waves(128, 256) >= 1:
         return GemmConfig(128, 256, cm, 1, 8, num_sms, l2_prefetch=pf)

@@ -88,9 +88,19 @@ class PersistentGemmSm90:
         # dact with dact_prefetch 2 or 3: dpreact is written in place over its preact subtile
         # and stored from there, which frees the dpreact buffers for a preact ring of
         # dact_prefetch + 1 slots (else a two-slot ring, one load ahead).
-        self.dpre_in_place = epilogue.kind == "dact" and config.dact_prefetch > 1
-        self.l_ring = config.dact_prefetch + 1 if self.dpre_in_place else EPI_STAGES  # slots per warpgroup
+        # Pingpong dact: in place too, over ONE preact slot per warpgroup, loaded when the
+        # subtile before it has been stored. A 128x128 pingpong tile needs 5 or more A/B stages
+        # (H200: 3 stages ran 32% slower than 6, 4 stages 7%, 5 even), and the two-slot ring
+        # plus dpreact buffers left the gated dact 3. The load latency this exposes per subtile
+        # falls inside the other warpgroup's mainloop.
+        self.dpre_in_place = epilogue.kind == "dact" and (config.dact_prefetch > 1 or self.pingpong)
+        if self.dpre_in_place:
+            self.l_ring = 1 if self.pingpong else config.dact_prefetch + 1  # slots per warpgroup
+        else:
+            self.l_ring = EPI_STAGES
         self.l_ahead = self.l_ring - 1  # preact subtiles loaded ahead of the one computed
+        # The channel dpreact leaves by when in place: gated X, else D (None: not in place).
+        self.dpre = ("X" if epilogue.gated else "D") if self.dpre_in_place else None
         # The channel whose global tensor the epilogue reads and the producer prefetches into L2
         # (config.l2_prefetch): dact's preact (L), accumulate's fp32 D; None: no prefetch.
         self.prefetch_channel = None
@@ -645,11 +655,9 @@ class PersistentGemmSm90:
             ep.smem[c], ep.gmem[c] = self._tma_view(ep.tma[c], mT, sT, c)
         # In place: dpreact (channel X if gated, else D) is written into, and stored from, the
         # preact ring; the non-gated one by stmatrix, like channel D.
-        ep.dpre = None
         if cutlass.const_expr(self.dpre_in_place):
-            ep.dpre = "X" if self.epi.gated else "D"
             mT = mX if self.epi.gated else mD
-            ep.smem[ep.dpre], ep.gmem[ep.dpre] = self._tma_view(ep.tma[ep.dpre], mT, sL, "L")
+            ep.smem[self.dpre], ep.gmem[self.dpre] = self._tma_view(ep.tma[self.dpre], mT, sL, "L")
             ep.tRS_sL = ep.thr_r2s_d.partition_D(sL)
         return ep
 
@@ -705,13 +713,13 @@ class PersistentGemmSm90:
                 ep.rAcc, ep.rD, ep.rP, cT, cG, e * S, e * w, n_size, mBias,
                 ep.sL[(None, None, lslot)] if cutlass.const_expr(has["L"]) else None,
                 ep.sH[(None, None, buf)] if cutlass.const_expr(has["H"]) else None,
-                ep.sL[(None, None, lslot)] if cutlass.const_expr(ep.dpre == "X")
+                ep.sL[(None, None, lslot)] if cutlass.const_expr(self.dpre == "X")
                 else (ep.sX[(None, None, buf)] if cutlass.const_expr(has["X"]) else None),
             )
             if cutlass.const_expr(has["D"]):
                 ep.rD_out.store(ep.rD.load().to(self.d_dtype))
                 cute.copy(ep.r2s_d, ep.rD_out, ep.tRS_sD[(None, None, None, buf)])
-            if cutlass.const_expr(ep.dpre == "D"):
+            if cutlass.const_expr(self.dpre == "D"):
                 ep.rD_out.store(ep.rD.load().to(self.d_dtype))
                 cute.copy(ep.r2s_d, ep.rD_out, ep.tRS_sL[(None, None, None, lslot)])
             if cutlass.const_expr(has["P"]):
@@ -724,7 +732,7 @@ class PersistentGemmSm90:
                 sm = tc[0]
                 sn = tc[1] * num_sub + e
                 for c in ("D", "P", "H", "X"):
-                    if cutlass.const_expr(c == ep.dpre):
+                    if cutlass.const_expr(c == self.dpre):
                         cute.copy(ep.tma[c], ep.smem[c][(None, lslot)], ep.gmem[c][(None, sm, sn, 0)])
                     elif cutlass.const_expr(has[c]):
                         cute.copy(ep.tma[c], ep.smem[c][(None, buf)], ep.gmem[c][(None, sm, sn, 0)])
@@ -732,6 +740,11 @@ class PersistentGemmSm90:
                 if cutlass.const_expr(drain_last and e + 1 == num_sub):
                     # Hand the shared buffers over empty: every store of this tile has read smem.
                     cute.arch.cp_async_bulk_wait_group(0, read=True)
+                elif cutlass.const_expr(self.dpre_in_place and self.l_ring == 1 and e + 1 < num_sub):
+                    # One preact slot: once this subtile's stores have read it (dpreact left from
+                    # it), it takes the next subtile's preact.
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+                    self._load_preact(ep, tc, e + 1, count + 1, wg)
                 else:
                     # Before buffer `buf` is written again, its store must have read smem.
                     store_pipeline.producer_acquire()

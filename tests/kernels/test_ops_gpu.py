@@ -512,3 +512,22 @@ def test_default_big_gemm_act_and_recompute_bits(act, bias):
     if not bias:
         # recompute replays fc1 as a plain GEMM: the same config, so the same bits
         assert torch.equal(ops.gemm(x, w.t()), pre)
+
+
+@pytest.mark.parametrize("act", ["swiglu", "gelu_tanh_approx"])
+def test_default_big_gemm_dact(act):
+    """The default big-shape dact (pingpong, dpreact in place over one preact slot per
+    warpgroup) against the reference."""
+    from parallel_mlp.kernels import ops
+
+    A = ACTIVATIONS[act]
+    m, k, h = BIG_TAILED
+    width = 2 * h if A.gated else h
+    dy = operand(m, k, "row", torch.bfloat16, k ** -0.5)
+    w2 = operand(k, h, "row", torch.bfloat16)
+    preact = torch.randn(m, width, device="cuda").to(torch.bfloat16)
+    dpre, post = ops.gemm_dact(dy, w2, preact, act)
+    ref_dpre, ref_post = A.backward(preact.float(), dy.float() @ w2.float())
+    lowp_dpre, lowp_post = A.backward(preact, dy @ w2)
+    check(dpre, ref_dpre, lowp_dpre, f"{act} default big dpreact")
+    check(post, ref_post, lowp_post, f"{act} default big postact")

@@ -48,14 +48,13 @@ def test_selfcheck_compiles_pingpong_variants():
         assert {(k.config.tile_m, k.config.tile_n) for k in pp} == {(128, 128), (64, 256)}
 
 
-def test_default_config_is_pingpong_at_big_shapes_except_dact():
+def test_default_config_is_pingpong_at_big_shapes():
     from parallel_mlp.kernels.config import default_config
 
     for m, n, k in [(8192, 28672, 4096), (8192, 4096, 14336), (4096, 14336, 8192), (4100, 4200, 1000)]:
-        for kind in ("store", "accumulate", "act"):
+        for kind in ("store", "accumulate", "act", "dact"):
             cfg = default_config(m, n, k, 132, kind)
             assert (cfg.consumers, cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.raster_group) == ("pingpong", 128, 128, 2, 16)
             assert cfg.l2_prefetch == (kind == "accumulate")
-        assert default_config(m, n, k, 132, "dact").consumers == "cooperative"
     # fewer than two waves of 128x256 tiles: cooperative as before
     assert default_config(1024, 2048, 4096, 132, "store").consumers == "cooperative"
