@@ -3,8 +3,9 @@
     python -m parallel_mlp.kernels.host_overhead [--calls 300]
 
 A 256^3 GEMM runs for a few microseconds, so back-to-back launches measure the host side alone:
-the Python of `ops.gemm`, the DLPack conversions, the config and kernel lookup, and the compiled
-launcher (which encodes the TMA descriptors and launches). Prints each part's µs per call, and
+the Python of `ops.gemm`, the packed launch arguments, the config and kernel lookup, and the
+compiled launcher (which encodes the TMA descriptors and launches); beside them, the DSL's own
+argument path (from_dlpack tensors) that ops no longer takes. Prints each part's µs per call, and
 a cProfile of the whole op's calls, to show what a faster launch path has to remove.
 """
 
@@ -54,10 +55,15 @@ def main(argv=None) -> int:
         return get_kernel(KernelKey(spec, cfg, "bfloat16", ops._major(a), ops._major(bk), "bfloat16", None))
 
     fn = lookup()
+    handle = torch.cuda.current_stream().cuda_stream
+    packed, keep = ops._launch_args((a, bk, d), handle)
     args_cute = [ops._to_cute(t) for t in (a, bk, d)]
     stream = ops._stream()
 
     def launch_only():
+        fn.run_compiled_program(packed)
+
+    def dsl_call():
         fn(args_cute[0], args_cute[1], args_cute[2], None, None, None, None, None, stream)
 
     def device_context():
@@ -67,10 +73,11 @@ def main(argv=None) -> int:
     parts = {
         "torch.mm (reference)": lambda: torch.mm(a, b),
         "ops.gemm, whole op": lambda: ops.gemm(a, b, out=d),
-        "  3 x _to_cute (DLPack + dynamic layout)": lambda: [ops._to_cute(t) for t in (a, bk, d)],
-        "  _stream()": ops._stream,
+        "  _launch_args (3 tensors + stream)": lambda: ops._launch_args((a, bk, d), handle),
         "  config + KernelKey + get_kernel": lookup,
-        "  compiled launcher, converted args": launch_only,
+        "  compiled launcher, packed args": launch_only,
+        "  (the DSL's path: 3 x from_dlpack + dynamic layout)": lambda: [ops._to_cute(t) for t in (a, bk, d)],
+        "  (the DSL's path: call with cute tensors)": dsl_call,
         "  torch.cuda.device(...) context": device_context,
     }
     print(f"host µs per call ({n} back-to-back calls, 256^3 bf16); {torch.cuda.get_device_name()}")

@@ -14,6 +14,7 @@ shape, remember the choice on disk).
 
 from __future__ import annotations
 
+import ctypes
 import functools
 from typing import Optional
 
@@ -135,6 +136,8 @@ def _major(t: torch.Tensor) -> str:
 
 
 def _to_cute(t: Optional[torch.Tensor]):
+    """The DSL's own argument path (a cute tensor with a dynamic layout), which `_launch` no
+    longer takes (see _launch_args); kept as the reference its bytes are tested against."""
     if t is None:
         return None
     from cutlass.cute.runtime import from_dlpack
@@ -149,6 +152,36 @@ def _stream():
     import cuda.bindings.driver as cuda
 
     return cuda.CUstream(torch.cuda.current_stream().cuda_stream)
+
+
+# The compiled launcher reads each tensor argument as a small C struct: its data pointer, its
+# dynamic sizes and its one dynamic (leading) stride; a 1-D tensor (bias, tile counter) as its
+# pointer and size. Building these directly costs a few microseconds, where from_dlpack(...)
+# .mark_layout_dynamic(...) plus the DSL's argument adapters cost ~45 us per launch (H200 host,
+# kernels/host_overhead.py). tests/kernels/test_launch_args.py checks that the bytes equal what
+# the DSL's own generate_execution_args builds from the _to_cute tensors.
+class _MatrixArg(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("shape", ctypes.c_int32 * 2), ("stride", ctypes.c_int64)]
+
+
+class _VectorArg(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("shape", ctypes.c_int32)]
+
+
+def _launch_args(tensors, stream_handle: int):
+    """(addresses, keep-alive) of the launcher's arguments: one struct per tensor that is not
+    None, in order, then the CUstream handle. Keep the second item alive until the call returns."""
+    structs = []
+    for t in tensors:
+        if t is None:
+            continue  # None arguments are compile-time absent: the launcher takes no slot
+        if t.dim() == 1:
+            structs.append(_VectorArg(t.data_ptr(), t.size(0)))
+        else:
+            lead = 1 if _major(t) == "row" else 0  # the unit-stride dim, as _to_cute marks it
+            structs.append(_MatrixArg(t.data_ptr(), (t.size(0), t.size(1)), t.stride(1 - lead)))
+    structs.append(ctypes.c_void_p(stream_handle))
+    return [ctypes.addressof(s) for s in structs], structs
 
 
 def _tile_counter(device: torch.device) -> torch.Tensor:
@@ -190,10 +223,11 @@ def _launch(spec: EpilogueSpec, a, bk, d=None, post=None, prein=None, dpre=None,
     fn = get_kernel(key)
     with torch.cuda.device(a.device):
         counter = _tile_counter(a.device) if cfg.scheduler == "dynamic" else None
-        fn(
-            _to_cute(a), _to_cute(bk), _to_cute(d), _to_cute(post), _to_cute(prein), _to_cute(dpre),
-            _to_cute(bias), _to_cute(counter), _stream(),
+        args, keep = _launch_args(
+            (a, bk, d, post, prein, dpre, bias, counter), torch.cuda.current_stream().cuda_stream
         )
+        fn.run_compiled_program(args)
+        del keep
 
 
 def _aligned(*widths_and_sizes) -> bool:
