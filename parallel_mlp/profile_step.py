@@ -7,8 +7,11 @@ after warm-up steps, runs `--steps` training steps (the bench's `train_step`) un
 and prints per step: the wall time between the first kernel's start and the last kernel's end,
 the summed kernel time, the gaps (the GPU idle, e.g. waiting for the host), and each kernel's
 time in launch order. A step that is
-slower than its kernels is host- or sync-bound; kernels slower than `bench_gemm` measures them
-alone point at clocks or at interference between neighbouring kernels.
+slower than its kernels is host- or sync-bound.
+
+The models are profiled one after another, so their kernel times include the card's clock drift
+(10-20% over seconds on a power-bound H200): compare kernels within one model's rows, and
+models against each other with `parallel_mlp.bench`, which times them interleaved.
 """
 
 from __future__ import annotations
