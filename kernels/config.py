@@ -11,6 +11,7 @@ Problem sizes and strides stay dynamic, so one compiled kernel serves every shap
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 # Hopper SXM parts (H100, H200) have 132 SMs; the persistent grid is sized for this many CTAs at
@@ -113,6 +114,7 @@ class GemmConfig:
         )
 
 
+@functools.lru_cache(maxsize=4096)  # on every launch's path; a pure function of its arguments
 def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind: str = "store") -> GemmConfig:
     """Pick a config for an (M, N, K) problem and an epilogue kind without timing anything.
 
