@@ -15,21 +15,9 @@ import argparse
 import cProfile
 import io
 import pstats
-import time
-
 import torch
 
-
-def per_call_us(fn, calls: int) -> float:
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / calls * 1e6
+from .tuning import host_us_per_call
 
 
 def main(argv=None) -> int:
@@ -82,7 +70,7 @@ def main(argv=None) -> int:
     }
     print(f"host µs per call ({n} back-to-back calls, 256^3 bf16); {torch.cuda.get_device_name()}")
     for name, f in parts.items():
-        print(f"  {per_call_us(f, n):8.1f}  {name}")
+        print(f"  {host_us_per_call(f, calls=n, warmup=5):8.1f}  {name}")
 
     prof = cProfile.Profile()
     prof.enable()
