@@ -15,6 +15,7 @@ import argparse
 import cProfile
 import io
 import pstats
+
 import torch
 
 from .tuning import host_us_per_call
@@ -44,7 +45,7 @@ def main(argv=None) -> int:
 
     fn = lookup()
     handle = torch.cuda.current_stream().cuda_stream
-    packed, keep = ops._launch_args((a, bk, d), handle)
+    packed, _alive = ops._launch_args((a, bk, d), handle)  # _alive holds the structs packed points to
     args_cute = [ops._to_cute(t) for t in (a, bk, d)]
     stream = ops._stream()
 
