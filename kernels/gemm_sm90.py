@@ -411,20 +411,15 @@ class PersistentGemmSm90:
                     _, gF = self._tma_view(tma_f, mF, sF, c)
                 while work.is_valid_tile:
                     tc = work.tile_idx
-                    if cutlass.const_expr(self.prefetch_channel is not None):
-                        state = mainloop.produce_tile(
-                            ab_pipeline, state,
-                            tma_a, tAgA[(None, tc[0], None, tc[2])], tAsA, a_mask,
-                            tma_b, tBgB[(None, tc[1], None, tc[2])], tBsB, b_mask,
-                            k_tiles, tma_f, gF[(None, tc[0], None, 0)], tc[1] * num_sub, num_sub,
-                        )
-                    else:
-                        state = mainloop.produce_tile(
-                            ab_pipeline, state,
-                            tma_a, tAgA[(None, tc[0], None, tc[2])], tAsA, a_mask,
-                            tma_b, tBgB[(None, tc[1], None, tc[2])], tBsB, b_mask,
-                            k_tiles,
-                        )
+                    state = mainloop.produce_tile(
+                        ab_pipeline, state,
+                        tma_a, tAgA[(None, tc[0], None, tc[2])], tAsA, a_mask,
+                        tma_b, tBgB[(None, tc[1], None, tc[2])], tBsB, b_mask,
+                        k_tiles,
+                        # the L2 prefetch of this tile's epilogue input (tma_f None: none)
+                        tma_f, gF[(None, tc[0], None, 0)] if cutlass.const_expr(gF is not None) else None,
+                        tc[1] * num_sub, num_sub,
+                    )
                     sched.advance_to_next_work()
                     work = sched.get_current_work()
                 # Wait for the consumers to release the last stages, so no CTA of the cluster
