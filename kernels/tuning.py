@@ -8,10 +8,11 @@ outputs, so it never writes to the caller's outputs.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import os
 import threading
-import dataclasses
 from dataclasses import asdict
 
 import torch
@@ -48,34 +49,17 @@ def _save():
         pass
 
 
-def median_ms(fn, reps=10, warmup=1):
-    """Median CUDA-event time of ``fn`` in ms, after ``warmup`` untimed calls (the first call
-    also compiles). Shared by tuning and ``bench_gemm``.
+def median_ms_interleaved(fns, reps=10, warmup=1):
+    """Median CUDA-event times (ms) of several functions, after `warmup` untimed rounds (the
+    first call also compiles), called round-robin: f0, f1, ..., f0, f1, ... so that each sees
+    the same clocks. An H200 under a GEMM is power-bound and its SM clock wanders by 10-20% over
+    seconds; timing one function's reps after another's compares clock states as much as
+    kernels. Used by tuning and `bench_gemm`.
 
     Events around every call, one synchronize at the end: the host runs ahead and keeps the
     queue full, so each event pair brackets the kernel, not the Python that launches it. (A
     synchronize per call would let the GPU idle while the next call's host side runs and add
-    that launch overhead, ~0.1-0.5 ms for ours vs ~0.01 ms for torch.mm, to every sample.)
-    """
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for s, e in zip(starts, ends):
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    times = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
-    return times[len(times) // 2]
-
-
-def median_ms_interleaved(fns, reps=10, warmup=1):
-    """Median CUDA-event times (ms) of several functions, called round-robin: f0, f1, ..., f0,
-    f1, ... so that each sees the same clocks. An H200 under a GEMM is power-bound and its SM
-    clock wanders by 10-20% over seconds; timing one function's reps after another's compares
-    clock states as much as kernels. Same event discipline as `median_ms`."""
+    that launch overhead, ~0.1 ms for ours vs ~0.01 ms for torch.mm, to every sample.)"""
     for _ in range(warmup):
         for fn in fns:
             fn()
@@ -112,6 +96,22 @@ def host_us_per_call(fn, calls=200, warmup=3):
     return (t1 - t0) / calls * 1e6
 
 
+def _candidate_runner(spec, a, b, d_dtype):
+    """run(cfg): one launch of the op `spec` describes on a @ b with config cfg, into buffers
+    shared by every candidate (inputs a, b are the caller's real data)."""
+    from . import ops
+
+    m, n = a.shape[0], b.shape[1]
+    if spec.kind in ("store", "accumulate"):
+        out = torch.zeros(m, n, dtype=d_dtype, device=a.device)
+        return lambda cfg: ops.gemm(a, b, out=out, accumulate=spec.kind == "accumulate", config=cfg)
+    if spec.kind == "act":
+        bias = torch.randn(n, device=a.device).to(a.dtype) if spec.has_bias else None
+        return lambda cfg: ops.gemm_act(a, b, spec.activation, bias=bias, store_preact=spec.store_preact, config=cfg)
+    pre = torch.randn(m, 2 * n if spec.gated else n, device=a.device).to(a.dtype)
+    return lambda cfg: ops.gemm_dact(a, b, pre, spec.activation, config=cfg)
+
+
 def tuned_config(spec, a, bk, d_dtype, num_sms: int) -> GemmConfig:
     from . import ops
 
@@ -123,30 +123,23 @@ def tuned_config(spec, a, bk, d_dtype, num_sms: int) -> GemmConfig:
         if key in choices:
             return GemmConfig(**choices[key])
     default = default_config(m, n, k, num_sms, spec.kind)
-    best, best_t = default, float("inf")
-    b = bk.t()
     # The default competes too: it may be a config the candidate list does not hold (pingpong).
     candidates = [default] + [dataclasses.replace(c, num_sms=num_sms, l2_prefetch=default.l2_prefetch)
                               for c in TUNE_CANDIDATES]
+    run = _candidate_runner(spec, a, bk.t(), d_dtype)
+    runnable = []
     for cfg in dict.fromkeys(candidates):
-        if spec.kind in ("store", "accumulate"):
-            out = torch.zeros(m, n, dtype=d_dtype, device=a.device)
-            run = lambda: ops.gemm(a, b, out=out, accumulate=spec.kind == "accumulate", config=cfg)  # noqa: E731
-        elif spec.kind == "act":
-            bias = None
-            if spec.has_bias:
-                bias = torch.zeros(n, dtype=a.dtype, device=a.device)
-            run = lambda: ops.gemm_act(a, b, spec.activation, bias=bias, store_preact=spec.store_preact, config=cfg)  # noqa: E731
-        else:
-            width = 2 * n if spec.gated else n
-            pre = torch.randn(m, width, dtype=a.dtype, device=a.device)
-            run = lambda: ops.gemm_dact(a, b, pre, spec.activation, config=cfg)  # noqa: E731
         try:
-            t = median_ms(run)
+            run(cfg)  # compiles (or loads) it; one that does not build or launch here is not chosen
         except Exception:
-            continue  # a candidate that does not build or launch here is simply not chosen
-        if t < best_t:
-            best, best_t = cfg, t
+            continue
+        runnable.append(cfg)
+    best = default
+    if runnable:
+        # Timed in turn, call by call: the card's clock drifts 10-20% over seconds under a GEMM,
+        # so candidates timed one after another would be chosen by the clock they ran at.
+        times = median_ms_interleaved([functools.partial(run, cfg) for cfg in runnable])
+        best = runnable[min(range(len(runnable)), key=times.__getitem__)]
     with _lock:
         _load()[key] = asdict(best)
         _save()
