@@ -7,6 +7,8 @@
 #                                         tests_kernels alone compiles ~300 kernels (~6 min):
 #     tests_kernels  GPU tests of the kernels (incl. pingpong, dynamic, in-place dact)
 #     tests_layer    ParallelMLP on cute vs the fp64 reference, recompute, main_grad (~1 min)
+#     tests_all      both of the above as 8 concurrent pytest shards (tools/pytest_shards.py):
+#                    compiling is most of their time and the host has 16 cores
 #     prefetch     the L2 prefetch option's GPU tests, and dact / accumulate timed with and
 #                  without it (l2_prefetch; also with dact_prefetch=2), h=14336 and h=7168
 #     bench_gemm   the six GEMMs + fused ops vs cuBLAS, h=14336 and h=7168
@@ -30,6 +32,7 @@ export PARALLEL_MLP_CACHE_DIR=${PARALLEL_MLP_CACHE_DIR:-/tmp/pmlp_cache}
 declare -A CMD=(
   [tests_kernels]="timeout 540 python3 -m pytest -q -m gpu tests/kernels -k 'not selfcheck' -x"
   [tests_layer]="timeout 150 python3 -m pytest -q -m gpu tests/test_layer_gpu.py -x"
+  [tests_all]="timeout 540 python3 tools/pytest_shards.py 8 -m gpu tests/kernels tests/test_layer_gpu.py -k 'not selfcheck'"
   [prefetch]="timeout 240 python3 -m pytest -q -m gpu tests/kernels/test_l2_prefetch_gpu.py -x; for h in 14336 7168; do timeout 120 python3 -m parallel_mlp.kernels.bench_gemm --h \$h --only dpost,dW1,dW2 --also l2_prefetch=1 --also l2_prefetch=1,dact_prefetch=2; done"
   [bench_gemm]="timeout 120 python3 -m parallel_mlp.kernels.bench_gemm && timeout 90 python3 -m parallel_mlp.kernels.bench_gemm --h 7168"
   [sweep]="timeout 300 python3 -m parallel_mlp.kernels.bench_gemm --sweep --only fc1,dx,dW1 --groups 8,16; timeout 200 python3 -m parallel_mlp.kernels.bench_gemm --also consumers=pingpong,tile_n=128,raster_group=16 --also raster_group=16"
@@ -38,7 +41,7 @@ declare -A CMD=(
   [full]="timeout 420 python3 -m parallel_mlp.bench --iters 20 --warmup 3 --budget-s 300 --json $OUT/bench.json"
   [ncu]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 5 --launch-count 5 --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis python3 -m parallel_mlp.kernels.profile_cases"
 )
-ORDER=(tests_kernels tests_layer prefetch bench_gemm sweep mlp profile full ncu)
+ORDER=(tests_kernels tests_layer tests_all prefetch bench_gemm sweep mlp profile full ncu)
 
 steps=("$@")
 if [ ${#steps[@]} -eq 0 ]; then
