@@ -207,10 +207,18 @@ class PersistentGemmSm90:
         self.d_dtype, self.post_dtype = d_dtype, post_dtype
         self.acc_dtype = cutlass.Float32
 
-        self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
-            a_dtype, b_dtype, a_layout.sm90_mma_major_mode(), b_layout.sm90_mma_major_mode(),
-            self.acc_dtype, self.atom_layout_mnk, tiler_mn=(64, self.tile_shape_mnk[1]),
-        )
+        def make_tiled_mma():
+            return sm90_utils.make_trivial_tiled_mma(
+                a_dtype, b_dtype, a_layout.sm90_mma_major_mode(), b_layout.sm90_mma_major_mode(),
+                self.acc_dtype, self.atom_layout_mnk, tiler_mn=(64, self.tile_shape_mnk[1]),
+            )
+
+        self.tiled_mma = make_tiled_mma()
+        # The same MMA with ACCUMULATE off (scale-d = 0): a tile's first K block overwrites the
+        # accumulators instead of adding to zeros. Zeroing them first (acc.fill) is a register
+        # write LLVM may sink past the wgmma fence, and ptxas then serializes the tile's first
+        # WGMMAs (C7519/C7517 in the 128x128 pingpong kernels).
+        self.tiled_mma_first = make_tiled_mma()
         self._smem_layouts(a_dtype, a_layout, b_dtype, b_layout, d_dtype, post_dtype)
 
         cm, cn = self.cluster_shape_mn
@@ -290,7 +298,7 @@ class PersistentGemmSm90:
 
         self.kernel(
             tma_a, tA, tma_b, tB, tma_d, tD, tma_p, tP, tma_h, tH, tma_x, tX, tma_l, tL, tma_f, tF,
-            mBias, mCounter, m_size, n_size, self.tiled_mma, self.sA_layout, self.sB_layout,
+            mBias, mCounter, m_size, n_size, self.tiled_mma, self.tiled_mma_first, self.sA_layout, self.sB_layout,
             self.ch_layout["D"], self.ch_layout["P"], self.ch_layout["H"], self.ch_layout["X"], self.ch_layout["L"],
             sched_params,
         ).launch(
@@ -318,6 +326,7 @@ class PersistentGemmSm90:
         mCounter: Optional[cute.Tensor],
         m_size: cutlass.Int32, n_size: cutlass.Int32,
         tiled_mma: cute.TiledMma,
+        tiled_mma_first: cute.TiledMma,
         sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout,
         sD_layout: cute.ComposedLayout, sP_layout: cute.ComposedLayout, sH_layout: cute.ComposedLayout,
         sX_layout: cute.ComposedLayout, sL_layout: cute.ComposedLayout,
@@ -430,7 +439,7 @@ class PersistentGemmSm90:
             cute.arch.setmaxregister_increase(CONSUMER_REGS)
             if cutlass.const_expr(self.pingpong):
                 self._consume_pingpong(
-                    tidx, warp_idx, tiled_mma, sA, sB, ab_pipeline, k_tiles, sched_params, index_pipe, s_idx, l_mbar,
+                    tidx, warp_idx, tiled_mma, tiled_mma_first, sA, sB, ab_pipeline, k_tiles, sched_params, index_pipe, s_idx, l_mbar,
                     storage.sD.get_tensor(sD_layout.outer, swizzle=sD_layout.inner),
                     storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner),
                     storage.sH.get_tensor(sH_layout.outer, swizzle=sH_layout.inner),
@@ -472,6 +481,7 @@ class PersistentGemmSm90:
                 sched, work, read_state, release_state = self._consumer_start(sched_params, index_pipe, s_idx)
                 epi_count = cutlass.Int32(0)
                 tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                tiled_mma_first.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
                 while work.is_valid_tile:
                     tc = work.tile_idx
                     if cutlass.const_expr(has["L"]):
@@ -481,7 +491,7 @@ class PersistentGemmSm90:
                             for e in cutlass.range_constexpr(min(self.l_ahead, tn // self.epi_tile[1])):
                                 self._load_preact(ep, tc, e, epi_count + e, 0)
                     read_state, release_state = mainloop.consume_tile(
-                        ab_pipeline, read_state, release_state, tiled_mma, acc, tCrA, tCrB, k_tiles
+                        ab_pipeline, read_state, release_state, tiled_mma, tiled_mma_first, acc, tCrA, tCrB, k_tiles
                     )
                     epi_count = self._epilogue_tile(
                         ep, tc, acc_of, tCcT, thr_mma.partition_C(gcG[(None, None, tc[0], tc[1])]),
@@ -498,7 +508,7 @@ class PersistentGemmSm90:
 
     @cute.jit
     def _consume_pingpong(
-        self, tidx, warp_idx, tiled_mma, sA, sB, ab_pipeline, k_tiles, sched_params, index_pipe, s_idx, l_mbar,
+        self, tidx, warp_idx, tiled_mma, tiled_mma_first, sA, sB, ab_pipeline, k_tiles, sched_params, index_pipe, s_idx, l_mbar,
         sD, sP, sH, sX, sL, tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, mBias, m_size, n_size,
     ):
         """One consumer warpgroup of a pingpong pair: tiles wg, wg + 2, ... of the CTA's sequence.
@@ -556,6 +566,7 @@ class PersistentGemmSm90:
 
         l_count = cutlass.Int32(0)  # this warpgroup's preact subtiles so far (its own L ring)
         tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+        tiled_mma_first.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
         while work.is_valid_tile:
             tc = work.tile_idx
             if cutlass.const_expr(has["L"]):
@@ -563,7 +574,7 @@ class PersistentGemmSm90:
                 if is_store_warp:
                     self._load_preact(ep, tc, 0, l_count, wg)
             read_state, release_state = mainloop.consume_tile_pingpong(
-                ab_pipeline, read_state, release_state, tiled_mma, acc, tCrA, tCrB, k_tiles, PP_MMA_ORDER, wg
+                ab_pipeline, read_state, release_state, tiled_mma, tiled_mma_first, acc, tCrA, tCrB, k_tiles, PP_MMA_ORDER, wg
             )
             mainloop.order_wait(PP_EPI_ORDER, wg)
             # The output buffers start drained at every turn (buffer e % 2), and are handed over

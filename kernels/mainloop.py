@@ -70,23 +70,26 @@ def issue_tile_mmas(
     read_state: pipeline.PipelineState,
     release_state: pipeline.PipelineState,
     tiled_mma: cute.TiledMma,
+    tiled_mma_first: cute.TiledMma,
     acc: cute.Tensor,
     tCrA: cute.Tensor,
     tCrB: cute.Tensor,
     k_tiles: cutlass.Int32,
 ):
-    """acc += the WGMMAs of every K stage of one tile, releasing each stage once the next
+    """acc = the WGMMAs of every K stage of one tile, releasing each stage once the next
     stage's WGMMAs are issued and its own have retired. Returns with the last stage's group still
     in flight and its slot held: the caller retires it (`retire_tile`), possibly after handing the
-    tensor cores to another warpgroup. The caller clears acc first: ACCUMULATE is set once for the
-    whole persistent loop (mutating the TiledMma here, inside the loop, would not be threaded
-    through the staged control flow)."""
+    tensor cores to another warpgroup. The tile's first K block goes through `tiled_mma_first`
+    (ACCUMULATE off: it overwrites acc, so nothing clears it first), the rest through
+    `tiled_mma` (ACCUMULATE on). Both fields are set once, before the persistent loop: mutating
+    a TiledMma here, inside the loop, is not threaded through the staged control flow."""
     num_k_blocks = cute.size(tCrA, mode=[2])
     # Prologue: the first stage, with no earlier group to keep in flight.
     ab_pipeline.consumer_wait(read_state)
     cute.nvgpu.warpgroup.fence()
     for kb in cutlass.range_constexpr(num_k_blocks):
-        cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read_state.index)], tCrB[(None, None, kb, read_state.index)], acc)
+        mma = tiled_mma_first if kb == 0 else tiled_mma
+        cute.gemm(mma, acc, tCrA[(None, None, kb, read_state.index)], tCrB[(None, None, kb, read_state.index)], acc)
     cute.nvgpu.warpgroup.commit_group()
     read_state.advance()
     for k in cutlass.range(1, k_tiles, unroll=1):
@@ -120,15 +123,15 @@ def consume_tile(
     read_state: pipeline.PipelineState,
     release_state: pipeline.PipelineState,
     tiled_mma: cute.TiledMma,
+    tiled_mma_first: cute.TiledMma,
     acc: cute.Tensor,
     tCrA: cute.Tensor,
     tCrB: cute.Tensor,
     k_tiles: cutlass.Int32,
 ):
     """acc = sum over K of A_k @ B_k for one tile; returns (read_state, release_state)."""
-    acc.fill(0.0)
     read_state, release_state = issue_tile_mmas(
-        ab_pipeline, read_state, release_state, tiled_mma, acc, tCrA, tCrB, k_tiles
+        ab_pipeline, read_state, release_state, tiled_mma, tiled_mma_first, acc, tCrA, tCrB, k_tiles
     )
     release_state = retire_tile(ab_pipeline, release_state)
     return read_state, release_state
@@ -161,6 +164,7 @@ def consume_tile_pingpong(
     read_state: pipeline.PipelineState,
     release_state: pipeline.PipelineState,
     tiled_mma: cute.TiledMma,
+    tiled_mma_first: cute.TiledMma,
     acc: cute.Tensor,
     tCrA: cute.Tensor,
     tCrB: cute.Tensor,
@@ -173,10 +177,9 @@ def consume_tile_pingpong(
     first WGMMAs then queue right behind them, so the tensor cores never drain), retires its own,
     and finally skips the ring stages of the other warpgroup's next tile (k_tiles of them), which
     that warpgroup reads and releases. Returns (read_state, release_state)."""
-    acc.fill(0.0)
     order_wait(order_base, wg)
     read_state, release_state = issue_tile_mmas(
-        ab_pipeline, read_state, release_state, tiled_mma, acc, tCrA, tCrB, k_tiles
+        ab_pipeline, read_state, release_state, tiled_mma, tiled_mma_first, acc, tCrA, tCrB, k_tiles
     )
     order_arrive(order_base, wg)
     release_state = retire_tile(ab_pipeline, release_state)
