@@ -17,13 +17,14 @@
 #     mlp          whole MLP fwd+bwd vs eager (no torch.compile, no cold start)
 #     profile      one MLP step's kernels and idle gaps, ours and eager (torch.profiler), and
 #                  where the host time of one launch goes
+#     cold         the cold start alone (a new process to its first fwd+bwd, ours and torch's)
+#     clock        tools/clock_probe.py: ms, SM clock, power and cycles per call (power-bound?)
 #     full         the whole parallel_mlp.bench (GEMMs, fused, MLP, cold start, torch.compile)
 #     ncu          ncu on profile_cases (five GEMMs; needs the Firecracker runtime's ncu)
 #   bash tools/gpu_run.sh --list          print the commands, run nothing
 #
 # Each step runs under `timeout` and appends to $OUT/<step>.txt; a failing step does not stop
-# the others. The DSL is byte-compiled first, as a pip install would leave it (otherwise every
-# new process recompiles ~300 modules and the cold start measures that).
+# the others. The DSL and torch are byte-compiled first, as a pip install would leave them.
 set -u
 OUT=${OUT:-/tmp/gpu_run_out}
 mkdir -p "$OUT"
@@ -38,10 +39,12 @@ declare -A CMD=(
   [sweep]="timeout 300 python3 -m parallel_mlp.kernels.bench_gemm --sweep --only fc1,dx,dW1 --groups 8,16; timeout 200 python3 -m parallel_mlp.kernels.bench_gemm --also consumers=pingpong,tile_n=128,raster_group=16 --also raster_group=16"
   [mlp]="timeout 200 python3 -m parallel_mlp.bench --only mlp --skip-compile --skip-cold-start --iters 15 --warmup 3 --budget-s 170 --json $OUT/mlp.json"
   [profile]="timeout 200 python3 -m parallel_mlp.profile_step && timeout 150 python3 -m parallel_mlp.profile_step --h 7168 && timeout 60 python3 -m parallel_mlp.kernels.host_overhead"
+  [cold]="timeout 120 python3 -m parallel_mlp.bench --only cold-start --json $OUT/cold.json"
+  [clock]="timeout 120 python3 tools/clock_probe.py --h 7168 && timeout 150 python3 tools/clock_probe.py --h 14336"
   [full]="timeout 420 python3 -m parallel_mlp.bench --iters 20 --warmup 3 --budget-s 300 --json $OUT/bench.json"
   [ncu]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 5 --launch-count 5 --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis python3 -m parallel_mlp.kernels.profile_cases"
 )
-ORDER=(tests_kernels tests_layer tests_all prefetch bench_gemm sweep mlp profile full ncu)
+ORDER=(tests_kernels tests_layer tests_all prefetch bench_gemm sweep mlp profile cold clock full ncu)
 
 steps=("$@")
 if [ ${#steps[@]} -eq 0 ]; then
@@ -56,8 +59,17 @@ for s in "${steps[@]}"; do
   if [ -z "${CMD[$s]+x}" ]; then echo "unknown step '$s'; steps: ${ORDER[*]}" >&2; exit 2; fi
 done
 
-dsl=$(python3 -c "import cutlass, os; print(os.path.dirname(os.path.dirname(os.path.dirname(cutlass.__file__))))" 2>/dev/null)
-[ -n "$dsl" ] && python3 -m compileall -q -j 8 "$dsl" >/dev/null 2>&1
+# Bytecode for the DSL and for torch: the GPU host's copies ship without any (torch's import
+# took 5.8 s there, most of it compiling ~3000 modules, in every new process); pip writes it at
+# install time, so a user's second process never pays that.
+dirs=$(python3 -c "
+import importlib.util as u, os
+up = lambda p, n: p if n == 0 else up(os.path.dirname(p), n - 1)
+for name, levels in (('cutlass', 3), ('torch', 1)):  # the DSL's root is 3 above cutlass/__init__
+    s = u.find_spec(name)
+    if s and s.origin:
+        print(up(s.origin, levels))" 2>/dev/null)
+for dir in $dirs; do python3 -m compileall -q -j 16 "$dir" >/dev/null 2>&1; done
 
 for s in "${steps[@]}"; do
   echo "=== $s: ${CMD[$s]}" | tee -a "$OUT/$s.txt"
