@@ -10,13 +10,7 @@ coordinates (no stmatrix tiling of the accumulator tile expresses them) and then
 like the others. The dact's preact arrives by TMA load into a two-buffer smem ring, the next
 subtile's load in flight while this one is computed.
 
-Variants (``EpilogueSpec.kind``):
-
-- ``store``      D = acc (bf16 / fp16 / fp32)
-- ``accumulate`` D += acc with fp32 D, by a TMA reduce-add store: D is never read into registers
-- ``act``        preact = acc (+ bias), postact = act(preact); preact optional
-- ``dact``       acc is dpostact; loads preact, writes dpreact = act'(preact) * dpostact and the
-                 recomputed postact
+The variants and their host-side description are in epilogue_spec.py (``EpilogueSpec``).
 
 Gated activations read interleaved (gate, up) column pairs; in the WGMMA accumulator fragment the
 two columns of a pair sit in adjacent registers of one thread (values 2j, 2j+1), so a pair never
@@ -25,87 +19,23 @@ crosses threads and the gated math is purely per thread.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
-from parallel_mlp.activations import ACTIVATIONS, Activation
-
 from .device_math import DEVICE_MATH
+from .epilogue_spec import EpilogueSpec
 
-KINDS = ("store", "accumulate", "act", "dact")
 
+class Epilogue:
+    """The device side of an EpilogueSpec: `visit` fills one subtile's outputs."""
 
-@dataclass(frozen=True)
-class EpilogueSpec:
-    kind: str = "store"
-    activation: Optional[str] = None
-    has_bias: bool = False
-    store_preact: bool = True
+    def __init__(self, spec: EpilogueSpec):
+        self.spec = spec
 
-    def __post_init__(self):
-        if self.kind not in KINDS:
-            raise ValueError(f"epilogue kind={self.kind!r}: one of {KINDS}")
-        if self.kind in ("act", "dact") and self.activation not in ACTIVATIONS:
-            raise ValueError(f"activation={self.activation!r}: one of {sorted(ACTIVATIONS)}")
-        if self.has_bias and self.kind != "act":
-            raise ValueError("a bias is only fused into the act epilogue")
-
-    # ---- host-side description ----------------------------------------------------------------
-
-    @property
-    def act(self) -> Optional[Activation]:
-        return ACTIVATIONS[self.activation] if self.activation else None
-
-    @property
-    def gated(self) -> bool:
-        return self.act is not None and self.act.gated
-
-    @property
-    def key(self) -> str:
-        parts = [self.kind]
-        if self.activation:
-            parts.append(self.activation)
-        if self.has_bias:
-            parts.append("bias")
-        if self.kind == "act" and not self.store_preact:
-            parts.append("nopre")
-        return "-".join(parts)
-
-    @property
-    def has_tma_d(self) -> bool:
-        """Channel D (acc-shaped): D, preact (act, if stored), or non-gated dpreact (dact)."""
-        if self.kind == "act":
-            return self.store_preact
-        if self.kind == "dact":
-            return not self.gated
-        return True
-
-    @property
-    def has_tma_post(self) -> bool:
-        """Channel P (acc-shaped): postact of a non-gated act, and of every dact (the gated dact's
-        GEMM is h wide, like its postact)."""
-        return self.kind == "dact" or (self.kind == "act" and not self.gated)
-
-    @property
-    def has_half_post(self) -> bool:
-        """Channel H: the gated act's postact, half as wide as its GEMM."""
-        return self.kind == "act" and self.gated
-
-    @property
-    def has_dpre_x2(self) -> bool:
-        """Channel X: the gated dact's interleaved dpreact, twice as wide as its GEMM."""
-        return self.kind == "dact" and self.gated
-
-    @property
-    def loads_preact(self) -> bool:
-        return self.kind == "dact"
-
-    # ---- device side: one subtile, registers (and smem subtiles) in, registers/smem out ---------
-    #
+    # One subtile: registers (and smem subtiles) in, registers / smem out.
     # rAcc: fp32 fragment of this subtile's accumulators (S values), value v at tile coordinates
     #       tCcT[base + v] (row, col) and problem coordinates tCcG[base + v]; the subtile's first
     #       column in the tile is col0.
@@ -129,33 +59,34 @@ class EpilogueSpec:
         sH: Optional[cute.Tensor],
         sX: Optional[cute.Tensor],
     ):
+        s = self.spec
         S = cute.size(rAcc)
         m = DEVICE_MATH
-        if cutlass.const_expr(self.kind == "store" or self.kind == "accumulate"):
+        if cutlass.const_expr(s.kind == "store" or s.kind == "accumulate"):
             for v in cutlass.range_constexpr(S):
                 rD[v] = rAcc[v]
-        if cutlass.const_expr(self.kind == "act"):
-            if cutlass.const_expr(self.has_bias):
+        if cutlass.const_expr(s.kind == "act"):
+            if cutlass.const_expr(s.has_bias):
                 for v in cutlass.range_constexpr(S):
                     n = tCcG[base + v][1]
                     b = Float32(0.0)
                     if n < n_lim:
                         b = Float32(mBias[n])
                     rAcc[v] = rAcc[v] + b
-            if cutlass.const_expr(self.has_tma_d):
+            if cutlass.const_expr(s.has_tma_d):
                 for v in cutlass.range_constexpr(S):
                     rD[v] = rAcc[v]
-            if cutlass.const_expr(not self.gated):
+            if cutlass.const_expr(not s.gated):
                 for v in cutlass.range_constexpr(S):
-                    rP[v] = self.act.fn(rAcc[v], m)
+                    rP[v] = s.act.fn(rAcc[v], m)
             else:
                 # Registers 2j, 2j+1 hold the (gate, up) columns of one unit.
                 for j in cutlass.range_constexpr(S // 2):
                     r, c = tCcT[base + 2 * j]
-                    y = self.act.fn(rAcc[2 * j], rAcc[2 * j + 1], m)
+                    y = s.act.fn(rAcc[2 * j], rAcc[2 * j + 1], m)
                     sH[r, (c - col0) // 2] = y.to(sH.element_type)
-        if cutlass.const_expr(self.kind == "dact"):
-            if cutlass.const_expr(not self.gated):
+        if cutlass.const_expr(s.kind == "dact"):
+            if cutlass.const_expr(not s.gated):
                 # Registers 2j, 2j+1 are columns (c, c+1), c even: one 4-byte vector of preact.
                 sL2 = cute.zipped_divide(sL, (1, 2))  # ((1, 2), (rows, cols / 2))
                 for j in cutlass.range_constexpr(S // 2):
@@ -163,8 +94,8 @@ class EpilogueSpec:
                     pre = sL2[((0, None), (r, (c - col0) // 2))].load().to(Float32)
                     for t in cutlass.range_constexpr(2):
                         x = pre[t]
-                        rD[2 * j + t] = self.act.grad(x, m) * rAcc[2 * j + t]
-                        rP[2 * j + t] = self.act.fn(x, m)
+                        rD[2 * j + t] = s.act.grad(x, m) * rAcc[2 * j + t]
+                        rP[2 * j + t] = s.act.fn(x, m)
             else:
                 # The GEMM is h wide (dpostact); accumulator column n owns preact/dpreact columns
                 # (2n, 2n+1), and postact column n is the accumulator's own position.
@@ -182,8 +113,8 @@ class EpilogueSpec:
                         g = pre[2 * t]
                         u = pre[2 * t + 1]
                         dy = rAcc[2 * j + t]
-                        dg, du = self.act.grad(g, u, m)
-                        rP[2 * j + t] = self.act.fn(g, u, m)
+                        dg, du = s.act.grad(g, u, m)
+                        rP[2 * j + t] = s.act.fn(g, u, m)
                         dpre[2 * t] = (dg * dy).to(sX.element_type)
                         dpre[2 * t + 1] = (du * dy).to(sX.element_type)
                     sX4[((0, None), (r, k))].store(dpre.load())

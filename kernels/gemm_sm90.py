@@ -48,7 +48,8 @@ from cutlass.cute.runtime import make_fake_tensor
 
 from . import mainloop, tile_scheduler
 from .config import TILE_K, GemmConfig
-from .epilogue import EpilogueSpec
+from .epilogue import Epilogue
+from .epilogue_spec import EpilogueSpec
 
 try:  # moved in 4.8; the old spelling still works with a deprecation warning
     from cutlass.tensor_utils import LayoutEnum
@@ -72,6 +73,7 @@ class PersistentGemmSm90:
     def __init__(self, config: GemmConfig, epilogue: EpilogueSpec):
         self.cfg = config
         self.epi = epilogue
+        self.epilogue = Epilogue(epilogue)  # its device side
         self.tile_shape_mnk = (config.tile_m, config.tile_n, TILE_K)
         self.cluster_shape_mn = (config.cluster_m, config.cluster_n)
         self.pingpong = config.consumers == "pingpong"
@@ -715,7 +717,7 @@ class PersistentGemmSm90:
                 cute.arch.mbarrier_wait(ep.l_mbar + lslot, (count // self.l_ring) % 2)
             for v in cutlass.range_constexpr(S):
                 ep.rAcc[v] = ep.tRS_acc[acc_of[e * S + v]]
-            self.epi.visit(
+            self.epilogue.visit(
                 ep.rAcc, ep.rD, ep.rP, cT, cG, e * S, e * w, n_size, mBias,
                 ep.sL[(None, None, lslot)] if cutlass.const_expr(has["L"]) else None,
                 ep.sH[(None, None, buf)] if cutlass.const_expr(has["H"]) else None,

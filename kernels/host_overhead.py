@@ -30,7 +30,7 @@ def main(argv=None) -> int:
 
     from . import ops
     from .compile import KernelKey, get_kernel
-    from .epilogue import EpilogueSpec
+    from .epilogue_spec import EpilogueSpec
 
     n = args.calls
     a = torch.randn(256, 256, device="cuda").to(torch.bfloat16)

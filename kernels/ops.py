@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import importlib.util
 from typing import Optional
 
 import torch
@@ -23,7 +24,7 @@ import torch
 from parallel_mlp.activations import get_activation
 
 from .config import GemmConfig, default_config
-from .epilogue import EpilogueSpec
+from .epilogue_spec import EpilogueSpec
 
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
@@ -31,9 +32,16 @@ _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.floa
 # ---- can the cute path run these inputs? --------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
 @functools.lru_cache(maxsize=None)  # checked on every launch; an import's outcome does not change
 def _dsl_import_error() -> Optional[str]:
+    if importlib.util.find_spec("cutlass") is None:
+        return "the CuTe DSL (nvidia-cutlass-dsl) is not installed"
+    from . import aot_runtime
+
+    if aot_runtime.available():
+        # Cached kernels launch through the DSL's C runtime without importing the DSL (a new
+        # process then starts ~0.5 s sooner); a kernel that must be compiled imports it then.
+        return None
     try:
         import cutlass  # noqa: F401
         import cutlass.cute  # noqa: F401

@@ -24,7 +24,7 @@ from parallel_mlp.activations import ACTIVATIONS
 
 from .compile import KernelKey
 from .config import GemmConfig
-from .epilogue import EpilogueSpec
+from .epilogue_spec import EpilogueSpec
 
 LAYOUTS = [("row", "row"), ("row", "col"), ("col", "row"), ("col", "col")]
 

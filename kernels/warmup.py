@@ -23,7 +23,7 @@ from parallel_mlp.activations import get_activation
 
 from .compile import KernelKey
 from .config import DEFAULT_NUM_SMS, default_config
-from .epilogue import EpilogueSpec
+from .epilogue_spec import EpilogueSpec
 
 
 def mlp_keys(tokens, d, h, act, dtype="bfloat16", d_out=None, bias=False, num_sms=DEFAULT_NUM_SMS):

@@ -59,13 +59,16 @@ for s in "${steps[@]}"; do
   if [ -z "${CMD[$s]+x}" ]; then echo "unknown step '$s'; steps: ${ORDER[*]}" >&2; exit 2; fi
 done
 
-# Bytecode for the DSL and for torch: the GPU host's copies ship without any (torch's import
-# took 5.8 s there, most of it compiling ~3000 modules, in every new process); pip writes it at
+# Bytecode for the DSL and for torch's site-packages: the GPU host's copies ship without any
+# (torch's import took 5.8 s there, most of it compiling ~3000 modules, in every new process;
+# building a model on the meta device imports sympy, another ~2 s); pip writes bytecode at
 # install time, so a user's second process never pays that.
 dirs=$(python3 -c "
 import importlib.util as u, os
 up = lambda p, n: p if n == 0 else up(os.path.dirname(p), n - 1)
-for name, levels in (('cutlass', 3), ('torch', 1)):  # the DSL's root is 3 above cutlass/__init__
+# the DSL's root is 3 above cutlass/__init__; torch's site-packages (sympy, numpy, ... are
+# imported with it) is 2 above torch/__init__
+for name, levels in (('cutlass', 3), ('torch', 2)):
     s = u.find_spec(name)
     if s and s.origin:
         print(up(s.origin, levels))" 2>/dev/null)

@@ -50,7 +50,7 @@ def key_for(name, cfg_kwargs, tensors):
     from parallel_mlp.kernels import ops
     from parallel_mlp.kernels.compile import KernelKey
     from parallel_mlp.kernels.config import GemmConfig
-    from parallel_mlp.kernels.epilogue import EpilogueSpec
+    from parallel_mlp.kernels.epilogue_spec import EpilogueSpec
 
     spec = {
         "store": EpilogueSpec("store"), "store_colA": EpilogueSpec("store"), "store_m1": EpilogueSpec("store"),

@@ -4,7 +4,7 @@ import pytest
 
 from parallel_mlp.kernels.compile import KernelKey, _export_name
 from parallel_mlp.kernels.config import GemmConfig
-from parallel_mlp.kernels.epilogue import EpilogueSpec
+from parallel_mlp.kernels.epilogue_spec import EpilogueSpec
 
 
 def test_static_is_the_default_and_keeps_its_key():

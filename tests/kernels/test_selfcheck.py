@@ -48,6 +48,6 @@ def test_selfcheck_reports_failure(monkeypatch):
 def _one():
     from parallel_mlp.kernels.compile import KernelKey
     from parallel_mlp.kernels.config import GemmConfig
-    from parallel_mlp.kernels.epilogue import EpilogueSpec
+    from parallel_mlp.kernels.epilogue_spec import EpilogueSpec
 
     return [KernelKey(EpilogueSpec("store"), GemmConfig(), "bfloat16", "row", "row", "bfloat16")]

@@ -37,7 +37,7 @@ def stages_of(key, monkeypatch):
 def test_pingpong_dact_keeps_five_stages(act, monkeypatch):
     pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
     from parallel_mlp.kernels.compile import KernelKey
-    from parallel_mlp.kernels.epilogue import EpilogueSpec
+    from parallel_mlp.kernels.epilogue_spec import EpilogueSpec
 
     cfg = GemmConfig(128, 128, 2, 1, 16, consumers="pingpong")
     key = KernelKey(EpilogueSpec("dact", act), cfg, "bfloat16", "row", "col", "bfloat16")
@@ -47,7 +47,7 @@ def test_pingpong_dact_keeps_five_stages(act, monkeypatch):
 def test_max_stages_caps_the_ring(monkeypatch):
     pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
     from parallel_mlp.kernels.compile import KernelKey
-    from parallel_mlp.kernels.epilogue import EpilogueSpec
+    from parallel_mlp.kernels.epilogue_spec import EpilogueSpec
 
     spec = EpilogueSpec("store")
     full = KernelKey(spec, GemmConfig(128, 128, consumers="pingpong"), "bfloat16", "row", "row", "bfloat16")
