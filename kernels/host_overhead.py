@@ -28,8 +28,8 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         raise SystemExit("host_overhead needs a CUDA GPU")
 
-    from . import ops
-    from .compile import KernelKey, get_kernel
+    from . import aot_runtime, ops
+    from .compile import KernelKey, _export_name, compile_kernel, get_kernel, object_path
     from .epilogue_spec import EpilogueSpec
 
     n = args.calls
@@ -39,21 +39,27 @@ def main(argv=None) -> int:
     bk = b.t()
     spec = EpilogueSpec("store")
 
-    def lookup():
+    def key():
         cfg = ops._pick_config(spec, a, bk, torch.bfloat16, None, False)
-        return get_kernel(KernelKey(spec, cfg, "bfloat16", ops._major(a), ops._major(bk), "bfloat16", None))
+        return KernelKey(spec, cfg, "bfloat16", ops._major(a), ops._major(bk), "bfloat16", None)
 
-    fn = lookup()
+    def lookup():
+        return get_kernel(key())
+
+    lookup()  # compiled (and exported) or loaded from the disk cache: what ops launches
+    # The same kernel both ways: loaded through the DSL's C runtime (what a process whose
+    # kernels are cached uses), and as the DSL's own compiled function (a fresh compile).
+    c_fn = None
+    if aot_runtime.available() and object_path(key()).exists():
+        c_fn = aot_runtime.LoadedKernel(object_path(key()), _export_name(key()))
+    dsl_fn = compile_kernel(key())
     handle = torch.cuda.current_stream().cuda_stream
     packed, _alive = ops._launch_args((a, bk, d), handle)  # _alive holds the structs packed points to
     args_cute = [ops._to_cute(t) for t in (a, bk, d)]
     stream = ops._stream()
 
-    def launch_only():
-        fn.run_compiled_program(packed)
-
     def dsl_call():
-        fn(args_cute[0], args_cute[1], args_cute[2], None, None, None, None, None, stream)
+        dsl_fn(args_cute[0], args_cute[1], args_cute[2], None, None, None, None, None, stream)
 
     def device_context():
         with torch.cuda.device(a.device):
@@ -64,13 +70,17 @@ def main(argv=None) -> int:
         "ops.gemm, whole op": lambda: ops.gemm(a, b, out=d),
         "  _launch_args (3 tensors + stream)": lambda: ops._launch_args((a, bk, d), handle),
         "  config + KernelKey + get_kernel": lookup,
-        "  compiled launcher, packed args": launch_only,
+        "  launcher via the C runtime, packed args": (lambda: c_fn.run_compiled_program(packed)) if c_fn else None,
+        "  launcher via the DSL's function, packed args": lambda: dsl_fn.run_compiled_program(packed),
         "  (the DSL's path: 3 x from_dlpack + dynamic layout)": lambda: [ops._to_cute(t) for t in (a, bk, d)],
         "  (the DSL's path: call with cute tensors)": dsl_call,
         "  torch.cuda.device(...) context": device_context,
     }
     print(f"host µs per call ({n} back-to-back calls, 256^3 bf16); {torch.cuda.get_device_name()}")
     for name, f in parts.items():
+        if f is None:
+            print(f"  {'-':>8s}  {name} (not available)")
+            continue
         print(f"  {host_us_per_call(f, calls=n, warmup=5):8.1f}  {name}")
 
     prof = cProfile.Profile()
