@@ -17,6 +17,7 @@ models against each other with `parallel_mlp.bench`, which times them interleave
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections import defaultdict
 
@@ -67,16 +68,42 @@ def host_and_gpu_ms(step, steps: int):
     return (t1 - t0) / steps * 1e3, (t2 - t0) / steps * 1e3
 
 
-def profile(step, steps: int, warmup: int = 3):
-    from torch.profiler import ProfilerActivity, profile as torch_profile
+ALLOCATOR_COUNTERS = ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_sync_all_streams")
+
+
+def allocator_calls_per_step(step, steps: int) -> dict:
+    """cudaMalloc / cudaFree calls (and allocator retries, device-wide syncs) per step, from the
+    caching allocator's counters: a cudaFree waits for the whole device, so one per step leaves
+    the GPU idle while the host catches up."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    after = torch.cuda.memory_stats()
+    return {k: (after.get(k, 0) - before.get(k, 0)) / steps for k in ALLOCATOR_COUNTERS}
+
+
+def profile(step, steps: int, warmup: int = 3, trace: str | None = None):
+    from torch.profiler import ProfilerActivity, profile as torch_profile, schedule
 
     for _ in range(warmup):
         step()
     torch.cuda.synchronize()
-    with torch_profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
-        for _ in range(steps):
+    # The profiler's own first step is traced and thrown away: in it, the first launch from each
+    # thread stalled the host 2-2.5 ms (H200 trace, both our kernels and cuBLAS's), which showed
+    # up as a 0.3-0.6 ms "gap" per step that unprofiled steps do not have.
+    with torch_profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU],
+                       schedule=schedule(wait=0, warmup=1, active=steps)) as prof:
+        for i in range(steps + 1):
             step()
+            if i == 0:
+                torch.cuda.synchronize()  # the measured steps start on an idle GPU
+            if i < steps:  # no step() after the last: leaving the block ends the window and keeps it
+                prof.step()
         torch.cuda.synchronize()
+    if trace:
+        prof.export_chrome_trace(trace)
     return kernel_table(prof, steps)
 
 
@@ -94,6 +121,7 @@ def main(argv=None) -> int:
     p.add_argument("--T", type=int, default=8192)
     p.add_argument("--d", type=int, default=4096)
     p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--trace-dir", default=None, help="also write each model's chrome trace here")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("profile_step needs a CUDA GPU")
@@ -118,10 +146,16 @@ def main(argv=None) -> int:
     print(f"{args.act} h={args.h} T={T} d={d} bf16, {args.steps} profiled steps; {torch.cuda.get_device_name()}")
     for name, model in models.items():
         step = lambda: train_step(model, x, dy)  # noqa: E731
-        busy, span, rows = profile(step, args.steps)
+        trace = None
+        if args.trace_dir:
+            os.makedirs(args.trace_dir, exist_ok=True)
+            trace = os.path.join(args.trace_dir, name.replace(" ", "_") + ".json")
+        busy, span, rows = profile(step, args.steps, trace=trace)
         host, wall = host_and_gpu_ms(step, args.steps)
+        alloc = allocator_calls_per_step(step, args.steps)
         print(f"\n{name}: step span {span:.3f} ms ({flops / span / 1e9:.0f} TF/s), kernels {busy:.3f} ms, "
               f"gaps {span - busy:.3f} ms; unprofiled: host {host:.3f} ms/step, wall {wall:.3f} ms/step")
+        print("  per step: " + ", ".join(f"{k} {v:g}" for k, v in alloc.items()))
         print(f"  {'kernel ms':>9s} {'idle before':>11s}")
         for kname, ms, gap in rows:
             print(f"  {ms:9.3f} {gap:11.3f}  {short(kname)}")
