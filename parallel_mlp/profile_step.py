@@ -29,7 +29,8 @@ def kernel_table(prof, steps: int):
     a profile; the rows follow one step's launch order (every step launches the same sequence),
     each the mean over the steps."""
     kernels = [e for e in prof.events()
-               if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.elapsed_us() > 0]
+               if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.elapsed_us() > 0
+               and not e.name.startswith("ProfilerStep")]  # the schedule's step markers, not work
     if not kernels:
         return 0.0, 0.0, []
     kernels.sort(key=lambda e: e.time_range.start)

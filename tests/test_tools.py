@@ -70,3 +70,27 @@ def test_pytest_shards_runs_every_test_once_and_fails_if_one_shard_fails(tmp_pat
     assert "8 tests in 3 shards, 0 failed" in r.stdout
     r = shards("1")
     assert r.returncode == 1 and "1 failed" in r.stdout and "test_maybe_bad" in r.stdout
+
+
+def test_profile_step_kernel_table_counts_kernels_and_gaps_not_step_markers():
+    """kernel_table on synthetic CUDA events: two steps of two kernels, with the profiler
+    schedule's GPU-side step markers (which span the step) left out of busy time and gaps."""
+    from types import SimpleNamespace
+
+    from parallel_mlp import profile_step
+
+    cuda = torch.autograd.DeviceType.CUDA
+
+    def event(name, start, end):
+        tr = SimpleNamespace(start=start, end=end, elapsed_us=lambda: end - start)
+        return SimpleNamespace(name=name, device_type=cuda, time_range=tr)
+
+    events = [
+        event("ProfilerStep#1", 0, 1000), event("fc1", 0, 400), event("fc2", 500, 900),
+        event("ProfilerStep#2", 1000, 2000), event("fc1", 1000, 1400), event("fc2", 1400, 1800),
+    ]
+    prof = SimpleNamespace(events=lambda: events)
+    busy, span, rows = profile_step.kernel_table(prof, steps=2)
+    assert busy == 0.8 and span == 0.9  # ms per step: 1600 us busy, 1800 us span, over 2 steps
+    assert [r[0] for r in rows] == ["fc1", "fc2"]
+    assert rows[1][2] == 0.05  # fc2's idle before: 100 us in step 1, 0 in step 2
