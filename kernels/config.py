@@ -66,8 +66,17 @@ class GemmConfig:
             raise ValueError(f"tile_m={self.tile_m}: must be 64 or 128")
         if self.tile_n not in (64, 128, 192, 256):
             raise ValueError(f"tile_n={self.tile_n}: must be 64, 128, 192 or 256")
-        if self.cluster_m * self.cluster_n > 4 or self.cluster_m not in (1, 2) or self.cluster_n not in (1, 2):
+        if self.cluster_m not in (1, 2) or self.cluster_n not in (1, 2):
             raise ValueError(f"cluster=({self.cluster_m},{self.cluster_n}): each 1 or 2")
+        if self.cluster_m * self.cluster_n > 2:
+            # The persistent grid is num_sms / cluster size clusters, and an H200 holds only 30
+            # four-CTA clusters at once (cudaOccupancyMaxActiveClusters; 120 of its 132 SMs):
+            # the 33rd ran as a second wave, 2x slower (bench_gemm, session 4), and even a 30-
+            # cluster grid would leave 12 SMs idle.
+            raise ValueError(
+                f"cluster=({self.cluster_m},{self.cluster_n}): at most 2 CTAs per cluster (2x1 or "
+                "1x2); a Hopper GPU fits too few 4-CTA clusters at once for a persistent grid"
+            )
         if self.scheduler not in ("static", "dynamic"):
             raise ValueError(f"scheduler={self.scheduler!r}: must be 'static' or 'dynamic'")
         if self.scheduler == "dynamic" and (self.cluster_m, self.cluster_n) != (1, 1):

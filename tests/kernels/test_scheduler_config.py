@@ -29,3 +29,12 @@ def test_scheduler_validation():
     with pytest.raises(ValueError, match="1x1 clusters"):
         GemmConfig(cluster_m=2, scheduler="dynamic")
     GemmConfig(128, 128, scheduler="dynamic")  # any tile with a 1x1 cluster is fine
+
+
+def test_cluster_validation():
+    GemmConfig(cluster_m=2)  # 2x1 and 1x2 are the clusters a persistent grid can fill
+    GemmConfig(cluster_n=2)
+    with pytest.raises(ValueError, match=r"cluster=\(2,2\): at most 2 CTAs per cluster"):
+        GemmConfig(cluster_m=2, cluster_n=2)
+    with pytest.raises(ValueError, match=r"cluster=\(4,1\): each 1 or 2"):
+        GemmConfig(cluster_m=4)
