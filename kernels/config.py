@@ -62,8 +62,8 @@ class GemmConfig:
     max_stages: int = 8
 
     def __post_init__(self):
-        if self.tile_m not in (64, 128):
-            raise ValueError(f"tile_m={self.tile_m}: must be 64 or 128")
+        if self.tile_m not in (64, 128, 256):
+            raise ValueError(f"tile_m={self.tile_m}: must be 64, 128 or 256")
         if self.tile_n not in (64, 128, 192, 256):
             raise ValueError(f"tile_n={self.tile_n}: must be 64, 128, 192 or 256")
         if self.cluster_m not in (1, 2) or self.cluster_n not in (1, 2):
@@ -86,6 +86,15 @@ class GemmConfig:
             )
         if self.consumers not in ("cooperative", "pingpong"):
             raise ValueError(f"consumers={self.consumers!r}: must be 'cooperative' or 'pingpong'")
+        if self.tile_m == 256:
+            # Two warpgroups of 128 rows each: tile_n accumulators per thread, as many as one
+            # pingpong warpgroup's 128x128. The tile cuBLAS picks for most of the MLP's GEMMs
+            # (256x128, 1x2 cluster): half the L2 reads per MAC of a 128x128 tile.
+            if self.consumers != "cooperative" or self.tile_n > 128:
+                raise ValueError(
+                    f"tile {self.tile_m}x{self.tile_n} with consumers={self.consumers!r}: a 256-row tile "
+                    "is cooperative with tile_n <= 128 (each warpgroup holds 128 x tile_n accumulators)"
+                )
         if self.consumers == "pingpong":
             # One warpgroup holds the whole tile's fp32 accumulators: tile_m * tile_n / 128 per
             # thread. Past 128 the consumer (232 registers) would spill in the mainloop.

@@ -80,7 +80,8 @@ class PersistentGemmSm90:
         # Cooperative: two consumer warpgroups split a 128-row tile (64 rows each); a 64-row tile
         # needs one. Pingpong: the tiled MMA is one warpgroup's (a 128-row tile is two m64 atoms
         # along M, run by the same warpgroup), and there are always two consumer warpgroups.
-        self.atom_layout_mnk = (2, 1, 1) if config.tile_m == 128 and not self.pingpong else (1, 1, 1)
+        # A 256-row cooperative tile: each warpgroup runs two m64 atoms along M (128 rows).
+        self.atom_layout_mnk = (2, 1, 1) if config.tile_m >= 128 and not self.pingpong else (1, 1, 1)
         self.num_mma_wg = 2 if self.pingpong else math.prod(self.atom_layout_mnk)
         self.num_threads = 128 * (1 + self.num_mma_wg)
         self.num_mma_threads = 128 * self.num_mma_wg
@@ -461,6 +462,9 @@ class PersistentGemmSm90:
                 gcG = cute.local_tile(cute.make_identity_tensor((m_size, n_size)), (tm, tn), (None, None))
                 acc = cute.make_rmem_tensor(tCcT.shape, self.acc_dtype)
 
+                # A 256-row tile gives each warpgroup two m64 atoms along M: the epilogue then
+                # walks the accumulators in the copy's order, as a pingpong warpgroup does.
+                two_atoms = tm > 64 * self.atom_layout_mnk[0]
                 ep = self._epilogue_setup(
                     tiled_mma, mma_tidx, acc,
                     storage.sD.get_tensor(sD_layout.outer, swizzle=sD_layout.inner),
@@ -469,9 +473,13 @@ class PersistentGemmSm90:
                     storage.sX.get_tensor(sX_layout.outer, swizzle=sX_layout.inner),
                     storage.sL.get_tensor(sL_layout.outer, swizzle=sL_layout.inner),
                     tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, l_mbar,
+                    self._copy_order(tiled_mma, m_size, n_size) if two_atoms else None,
                 )
-                # Visit order = the accumulators' own (one m64 atom per warpgroup along M).
-                acc_of = list(range(cute.size(ep.tRS_acc)))
+                if cutlass.const_expr(two_atoms):
+                    acc_of, tCcT = ep.acc_of, ep.cT
+                else:
+                    # Visit order = the accumulators' own (one m64 atom per warpgroup along M).
+                    acc_of = list(range(cute.size(ep.tRS_acc)))
                 S = ep.S  # a Python int; read inside the tile loop, ep's ints would arrive dynamic
                 epi_barrier = pipeline.NamedBarrier(barrier_id=1, num_threads=self.num_mma_threads)
                 store_pipeline = pipeline.PipelineTmaStore.create(
@@ -495,8 +503,12 @@ class PersistentGemmSm90:
                     read_state, release_state = mainloop.consume_tile(
                         ab_pipeline, read_state, release_state, tiled_mma, tiled_mma_first, acc, tCrA, tCrB, k_tiles
                     )
+                    if cutlass.const_expr(two_atoms):
+                        tile_cG = ep.thr_r2s_d.partition_S(ep.gcG[(None, None, tc[0], tc[1])])
+                    else:
+                        tile_cG = thr_mma.partition_C(gcG[(None, None, tc[0], tc[1])])
                     epi_count = self._epilogue_tile(
-                        ep, tc, acc_of, tCcT, thr_mma.partition_C(gcG[(None, None, tc[0], tc[1])]),
+                        ep, tc, acc_of, tCcT, tile_cG,
                         epi_count, 0, warp_idx == store_warp, epi_barrier, store_pipeline, mBias, n_size,
                         S, True, False,
                     )
@@ -529,19 +541,10 @@ class PersistentGemmSm90:
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
         acc = cute.make_rmem_tensor(thr_mma.partition_C(cute.make_identity_tensor((tm, tn))).shape, self.acc_dtype)
 
-        def copy_order(ep):
-            # With two m64 atoms along M (a 128-row tile in one warpgroup), the retiled
-            # accumulators run over all columns of the first 64 rows before the next 64, while a
-            # 32-column subtile's fragment takes both row halves: gather each subtile's values
-            # through a static permutation, and give the epilogue the coordinates in the
-            # fragment's (copy) order.
-            ep.acc_of = _subtile_order(tiled_mma, ep.r2s_d, tm, tn)
-            ep.cT = ep.thr_r2s_d.partition_S(cute.make_identity_tensor((tm, tn)))
-            ep.gcG = cute.local_tile(cute.make_identity_tensor((m_size, n_size)), (tm, tn), (None, None))
-
         ep = self._epilogue_setup(
             tiled_mma, wg_tidx, acc, sD, sP, sH, sX, sL,
-            tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, l_mbar, copy_order,
+            tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, l_mbar,
+            self._copy_order(tiled_mma, m_size, n_size),
         )
         acc_of, tRS_cT, gcG = ep.acc_of, ep.cT, ep.gcG
         S = ep.S  # a Python int; read inside the tile loop, ep's ints would arrive dynamic
@@ -599,6 +602,21 @@ class PersistentGemmSm90:
                 sched.advance_to_next_work()
                 work = sched.get_current_work()
         store_pipeline.producer_tail()
+
+    def _copy_order(self, tiled_mma, m_size, n_size):
+        """For a warpgroup with two m64 atoms along M (a pingpong 128-row tile, or half of a
+        cooperative 256-row one): the retiled accumulators run over all columns of the first 64
+        rows before the next 64, while a 32-column subtile's fragment takes both row halves. The
+        returned hook (for _epilogue_setup) gathers each subtile's values through a static
+        permutation and gives the epilogue the coordinates in the fragment's (copy) order."""
+        tm, tn, _ = self.tile_shape_mnk
+
+        def copy_order(ep):
+            ep.acc_of = _subtile_order(tiled_mma, ep.r2s_d, tm, tn)
+            ep.cT = ep.thr_r2s_d.partition_S(cute.make_identity_tensor((tm, tn)))
+            ep.gcG = cute.local_tile(cute.make_identity_tensor((m_size, n_size)), (tm, tn), (None, None))
+
+        return copy_order
 
     def _consumer_start(self, sched_params, index_pipe, s_idx):
         """A consumer's tile scheduler (the dynamic one reads the producer's index ring), its

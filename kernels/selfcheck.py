@@ -67,6 +67,7 @@ def variants(quick: bool = False):
     out += dact_prefetch_variants(quick)
     out += l2_prefetch_variants(quick)
     out += default_mlp_variants(quick)
+    out += tile256_variants(quick)
     return out
 
 
@@ -158,6 +159,23 @@ def pingpong_variants(quick: bool = False):
         KernelKey(EpilogueSpec("store"), pp(128, 128, sched="dynamic"), "bfloat16", "row", "row", "bfloat16"),
         KernelKey(EpilogueSpec("dact", "swiglu"), pp(128, 128, sched="dynamic"), "bfloat16", "row", "col", "bfloat16"),
     ]
+
+
+def tile256_variants(quick: bool = False):
+    """The cooperative 256x128 tile (two m64 atoms per warpgroup) with its 1x2 cluster: the
+    epilogue kinds whose buffers leave room for stages (the dact's do not: it is refused)."""
+    c = GemmConfig(256, 128, 1, 2)
+    out = [
+        KernelKey(EpilogueSpec("store"), c, "bfloat16", "row", "col", "bfloat16"),
+        KernelKey(EpilogueSpec("accumulate"), c, "bfloat16", "col", "col", "float32"),
+        KernelKey(EpilogueSpec("act", "swiglu", True), c, "bfloat16", "row", "row", "bfloat16", "bfloat16"),
+    ]
+    if not quick:
+        out += [
+            KernelKey(EpilogueSpec("store"), GemmConfig(256, 128), "float16", "col", "row", "float32"),
+            KernelKey(EpilogueSpec("act", "gelu_tanh_approx", False, False), c, "bfloat16", "row", "row", "bfloat16"),
+        ]
+    return out
 
 
 def dynamic_variants(quick: bool = False):

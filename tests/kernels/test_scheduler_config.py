@@ -38,3 +38,13 @@ def test_cluster_validation():
         GemmConfig(cluster_m=2, cluster_n=2)
     with pytest.raises(ValueError, match=r"cluster=\(4,1\): each 1 or 2"):
         GemmConfig(cluster_m=4)
+
+
+def test_tile256_validation():
+    GemmConfig(256, 128, 1, 2)  # cooperative, 128 x 128 accumulators per warpgroup
+    with pytest.raises(ValueError, match=r"256-row tile is cooperative with tile_n <= 128"):
+        GemmConfig(256, 256)
+    with pytest.raises(ValueError, match=r"256-row tile is cooperative"):
+        GemmConfig(256, 128, consumers="pingpong")
+    with pytest.raises(ValueError, match="tile_m=512: must be 64, 128 or 256"):
+        GemmConfig(512, 128)
