@@ -50,7 +50,10 @@ class GemmConfig:
     # 3 or 4 slots, with dpreact written in place over its preact and stored from there, so the
     # dpreact buffers' shared memory holds the deeper ring. At 128x256, a gated dact keeps 3 A/B
     # stages with 2 and drops to 2 with 3. Measured on an H200: 2 no faster than 1, 3 50% slower.
-    # (Pingpong dact always writes dpreact in place, over one preact slot per warpgroup.)
+    # Pingpong dact always writes dpreact in place; dact_prefetch is its slots per warpgroup:
+    # 1 (the next subtile's preact loads once this one's stores have read the slot) or 2 (both
+    # slots filled at the tile's start, each refilled one subtile later; with epi_n=16 this fits
+    # beside 5 A/B stages).
     dact_prefetch: int = 1
     # dact and accumulate: the producer warp prefetches the tile's epilogue input (preact, or the
     # fp32 D that the reduce-add store updates) into L2 during the last K blocks of the tile's
@@ -60,6 +63,10 @@ class GemmConfig:
     # Most A/B stages the smem ring may hold (the kernel takes as many as fit, up to this):
     # for measuring what the stage count is worth at a tile.
     max_stages: int = 8
+    # Accumulator columns per epilogue subtile: 32, or 16 to halve every epilogue buffer (more
+    # A/B stages beside it, or a second preact slot per pingpong warpgroup), at twice the
+    # subtiles (TMA stores and barriers) per tile.
+    epi_n: int = 32
 
     def __post_init__(self):
         if self.tile_m not in (64, 128, 256):
@@ -106,14 +113,16 @@ class GemmConfig:
                     f"{PINGPONG_MAX_ACC_REGS} (e.g. 128x128 or 64x256)"
                 )
 
+        if self.epi_n not in (16, 32):
+            raise ValueError(f"epi_n={self.epi_n}: must be 16 or 32")
         if not 2 <= self.max_stages <= 8:
             raise ValueError(f"max_stages={self.max_stages}: must be 2 to 8")
         if self.dact_prefetch not in (1, 2, 3):
             raise ValueError(f"dact_prefetch={self.dact_prefetch}: must be 1, 2 or 3")
-        if self.dact_prefetch != 1 and self.consumers != "cooperative":
+        if self.consumers == "pingpong" and self.dact_prefetch > 2:
             raise ValueError(
-                f"dact_prefetch={self.dact_prefetch} with consumers={self.consumers!r}: the deeper "
-                "preact ring is built for cooperative consumers only"
+                f"dact_prefetch={self.dact_prefetch} with consumers='pingpong': a pingpong warpgroup's "
+                "preact ring has 1 or 2 slots"
             )
 
     @property
@@ -126,6 +135,7 @@ class GemmConfig:
         pf = "" if self.dact_prefetch == 1 else f"_pf{self.dact_prefetch}"
         l2 = "_l2pf" if self.l2_prefetch else ""
         st = "" if self.max_stages == 8 else f"_st{self.max_stages}"
+        st += "" if self.epi_n == 32 else f"_e{self.epi_n}"
         return (
             f"t{self.tile_m}x{self.tile_n}_c{self.cluster_m}x{self.cluster_n}"
             f"_g{self.raster_group}_sm{self.num_sms}{sched}{cons}{pf}{l2}{st}"

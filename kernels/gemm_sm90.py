@@ -85,7 +85,7 @@ class PersistentGemmSm90:
         self.num_mma_wg = 2 if self.pingpong else math.prod(self.atom_layout_mnk)
         self.num_threads = 128 * (1 + self.num_mma_wg)
         self.num_mma_threads = 128 * self.num_mma_wg
-        self.epi_tile = (config.tile_m, 32)
+        self.epi_tile = (config.tile_m, config.epi_n)
         self.max_active_clusters = config.num_sms // (config.cluster_m * config.cluster_n)
         self.dynamic = config.scheduler == "dynamic"
         # dact with dact_prefetch 2 or 3: dpreact is written in place over its preact subtile
@@ -97,8 +97,11 @@ class PersistentGemmSm90:
         # plus dpreact buffers left the gated dact 3. The load latency this exposes per subtile
         # falls inside the other warpgroup's mainloop.
         self.dpre_in_place = epilogue.kind == "dact" and (config.dact_prefetch > 1 or self.pingpong)
+        # Pingpong with dact_prefetch=2: two slots per warpgroup, both filled at the tile's start
+        # and each refilled as soon as its subtile's stores have read it, so a subtile's preact
+        # loads while the one before is computed (fits beside 5 stages with epi_n=16).
         if self.dpre_in_place:
-            self.l_ring = 1 if self.pingpong else config.dact_prefetch + 1  # slots per warpgroup
+            self.l_ring = config.dact_prefetch if self.pingpong else config.dact_prefetch + 1  # slots per warpgroup
         else:
             self.l_ring = EPI_STAGES
         self.l_ahead = self.l_ring - 1  # preact subtiles loaded ahead of the one computed
@@ -155,7 +158,7 @@ class PersistentGemmSm90:
         row = LayoutEnum.ROW_MAJOR
         # Absent channels get a minimal placeholder layout (never allocated beyond one element).
         self.ch_layout = {
-            c: sm90_utils.make_smem_layout_epi(dtypes[c], row, (tm, w if w else 32), stages[c])
+            c: sm90_utils.make_smem_layout_epi(dtypes[c], row, (tm, w if w else self.epi_tile[1]), stages[c])
             for c, w in widths.items()
         }
         self.ch_width = widths
@@ -575,9 +578,11 @@ class PersistentGemmSm90:
         while work.is_valid_tile:
             tc = work.tile_idx
             if cutlass.const_expr(has["L"]):
-                # The tile's first preact subtile lands during the mainloop (own ring: no turn).
+                # The tile's first preact subtiles (one per slot) land during the mainloop (own
+                # ring: no turn; the last tile left every slot drained).
                 if is_store_warp:
-                    self._load_preact(ep, tc, 0, l_count, wg)
+                    for i in cutlass.range_constexpr(min(self.l_ring, tn // self.epi_tile[1])):
+                        self._load_preact(ep, tc, i, l_count + i, wg)
             read_state, release_state = mainloop.consume_tile_pingpong(
                 ab_pipeline, read_state, release_state, tiled_mma, tiled_mma_first, acc, tCrA, tCrB, k_tiles, PP_MMA_ORDER, wg
             )
@@ -774,10 +779,15 @@ class PersistentGemmSm90:
                 else:
                     # Before buffer `buf` is written again, its store must have read smem.
                     store_pipeline.producer_acquire()
-                    if cutlass.const_expr(self.dpre_in_place and e + self.l_ahead < num_sub):
+                    if cutlass.const_expr(self.dpre_in_place and not self.pingpong and e + self.l_ahead < num_sub):
                         # The previous subtile's stores have read its preact slot, which is the
                         # slot of subtile e + l_ahead: refill it.
                         self._load_preact(ep, tc, e + self.l_ahead, count + self.l_ahead, wg)
+                    if cutlass.const_expr(self.dpre_in_place and self.pingpong and e >= 1
+                                          and e - 1 + self.l_ring < num_sub):
+                        # Pingpong filled every slot at the tile's start: the slot subtile e - 1
+                        # has just released takes subtile e - 1 + l_ring.
+                        self._load_preact(ep, tc, e - 1 + self.l_ring, count - 1 + self.l_ring, wg)
             epi_barrier.arrive_and_wait()
             count += 1
         return count

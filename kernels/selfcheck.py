@@ -68,6 +68,7 @@ def variants(quick: bool = False):
     out += l2_prefetch_variants(quick)
     out += default_mlp_variants(quick)
     out += tile256_variants(quick)
+    out += epi16_variants(quick)
     return out
 
 
@@ -174,6 +175,31 @@ def tile256_variants(quick: bool = False):
         out += [
             KernelKey(EpilogueSpec("store"), GemmConfig(256, 128), "float16", "col", "row", "float32"),
             KernelKey(EpilogueSpec("act", "gelu_tanh_approx", False, False), c, "bfloat16", "row", "row", "bfloat16"),
+        ]
+    return out
+
+
+def epi16_variants(quick: bool = False):
+    """16-column epilogue subtiles (config.epi_n) on the default pingpong tile, the cooperative
+    256x128 tile (4 A/B stages with them) and 128x256, and the pingpong dact's two-slot preact
+    ring (dact_prefetch=2) with and without them."""
+    pp = GemmConfig(128, 128, 2, 1, 16, consumers="pingpong", epi_n=16)
+    pp2 = GemmConfig(128, 128, 2, 1, 16, consumers="pingpong", epi_n=16, dact_prefetch=2)
+    big = GemmConfig(256, 128, 1, 2, epi_n=16)
+    out = [
+        KernelKey(EpilogueSpec("dact", "swiglu"), pp2, "bfloat16", "row", "col", "bfloat16"),
+        KernelKey(EpilogueSpec("act", "swiglu"), pp, "bfloat16", "row", "row", "bfloat16"),
+        KernelKey(EpilogueSpec("store"), big, "bfloat16", "row", "col", "bfloat16"),
+    ]
+    if not quick:
+        out += [
+            KernelKey(EpilogueSpec("dact", "relu"), pp2, "bfloat16", "row", "col", "bfloat16"),
+            KernelKey(EpilogueSpec("dact", "swiglu"), GemmConfig(128, 128, 2, 1, 16, consumers="pingpong", dact_prefetch=2),
+                      "bfloat16", "row", "col", "bfloat16"),
+            KernelKey(EpilogueSpec("dact", "swiglu"), pp, "float16", "row", "col", "float16"),
+            KernelKey(EpilogueSpec("accumulate"), pp, "bfloat16", "col", "col", "float32"),
+            KernelKey(EpilogueSpec("act", "gelu_tanh_approx", True), big, "bfloat16", "row", "row", "bfloat16", "bfloat16"),
+            KernelKey(EpilogueSpec("dact", "swiglu"), GemmConfig(128, 256, 2, 1, epi_n=16), "bfloat16", "row", "col", "bfloat16"),
         ]
     return out
 

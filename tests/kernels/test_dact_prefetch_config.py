@@ -22,9 +22,16 @@ def test_prefetch_depth_outside_the_rule(pf):
         GemmConfig(dact_prefetch=pf)
 
 
-def test_pingpong_keeps_the_two_slot_ring():
-    with pytest.raises(ValueError, match="cooperative consumers only"):
-        GemmConfig(128, 128, dact_prefetch=2, consumers="pingpong")
+def test_pingpong_preact_ring_has_one_or_two_slots():
+    from parallel_mlp.kernels.epilogue_spec import EpilogueSpec
+    from parallel_mlp.kernels.gemm_sm90 import PersistentGemmSm90
+
+    spec = EpilogueSpec("dact", "swiglu")
+    for pf in (1, 2):
+        k = PersistentGemmSm90(GemmConfig(128, 128, dact_prefetch=pf, consumers="pingpong"), spec)
+        assert k.dpre_in_place and k.l_ring == pf
+    with pytest.raises(ValueError, match="pingpong warpgroup's preact ring has 1 or 2 slots"):
+        GemmConfig(128, 128, dact_prefetch=3, consumers="pingpong")
 
 
 def test_selfcheck_compiles_in_place_dact():
