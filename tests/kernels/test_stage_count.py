@@ -54,3 +54,31 @@ def test_max_stages_caps_the_ring(monkeypatch):
     capped = KernelKey(spec, GemmConfig(128, 128, consumers="pingpong", max_stages=3), "bfloat16", "row", "row", "bfloat16")
     assert stages_of(full, monkeypatch) == 6
     assert stages_of(capped, monkeypatch) == 3
+
+
+def test_epi_n_rule_and_name():
+    assert GemmConfig(epi_n=16).key == "t128x256_c1x1_g8_sm132_e16"
+    with pytest.raises(ValueError, match="epi_n=8: must be 16 or 32"):
+        GemmConfig(epi_n=8)
+
+
+@pytest.mark.parametrize(
+    "cfg,kind,want",
+    [
+        # 256x128 cooperative: 48 KB stages; a 256 x 32 D pair leaves 3, a 256 x 16 pair 4
+        (GemmConfig(256, 128, 1, 2), "store", 3),
+        (GemmConfig(256, 128, 1, 2, epi_n=16), "store", 4),
+        # the pingpong dact's second preact slot per warpgroup: 4 stages at 32 columns, 5 at 16
+        (GemmConfig(128, 128, 2, 1, 16, consumers="pingpong", dact_prefetch=2), "dact", 4),
+        (GemmConfig(128, 128, 2, 1, 16, consumers="pingpong", dact_prefetch=2, epi_n=16), "dact", 5),
+    ],
+)
+def test_narrow_epilogue_subtiles_buy_stages(cfg, kind, want, monkeypatch):
+    pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
+    from parallel_mlp.kernels.compile import KernelKey
+    from parallel_mlp.kernels.epilogue_spec import EpilogueSpec
+
+    spec = EpilogueSpec("dact", "swiglu") if kind == "dact" else EpilogueSpec("store")
+    b_major = "col" if kind == "dact" else "row"
+    key = KernelKey(spec, cfg, "bfloat16", "row", b_major, "bfloat16")
+    assert stages_of(key, monkeypatch) == want
