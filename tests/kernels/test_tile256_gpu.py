@@ -11,9 +11,8 @@ problem smaller than one tile.
 import pytest
 import torch
 
-from parallel_mlp.activations import ACTIVATIONS
-
-from test_ops_gpu import check, operand, requires_sm90  # same directory: pytest puts it on sys.path
+from test_ops_gpu import operand, requires_sm90  # same directory: pytest puts it on sys.path
+from twins import accumulate_twins, act_twins, gemm_twins
 
 pytestmark = [pytest.mark.gpu, requires_sm90]
 
@@ -31,15 +30,7 @@ def _configs(cluster):
 @pytest.mark.parametrize("a_major,b_major", [("row", "row"), ("row", "col"), ("col", "row"), ("col", "col")])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_tile256_gemm(shape, a_major, b_major, cluster):
-    from parallel_mlp.kernels import ops
-
-    big, ref_cfg = _configs(cluster)
-    m, k, n = shape
-    a = operand(m, k, a_major, torch.bfloat16, k ** -0.5)
-    b = operand(k, n, b_major, torch.bfloat16)
-    got = ops.gemm(a, b, config=big)
-    check(got, a.float() @ b.float(), a @ b, f"256x128 gemm {shape} {cluster} a:{a_major} b:{b_major}")
-    assert torch.equal(got, ops.gemm(a, b, config=ref_cfg)), f"256x128 != 128x128 {shape} {cluster}"
+    gemm_twins(*_configs(cluster), shape, a_major, b_major, f"256x128 {cluster}")
 
 
 @pytest.mark.parametrize("cluster", CLUSTERS)
@@ -48,16 +39,10 @@ def test_tile256_accumulate_and_fp32_out(shape, cluster):
     from parallel_mlp.kernels import ops
 
     big, ref_cfg = _configs(cluster)
+    accumulate_twins(big, ref_cfg, shape, times=2, what=f"256x128 {cluster}")
     m, k, n = shape
     a = operand(m, k, "col", torch.bfloat16, k ** -0.5)
     b = operand(k, n, "row", torch.bfloat16)
-    base = torch.randn(m, n, device="cuda")
-    got, want = base.clone(), base.clone()
-    for _ in range(2):
-        ops.gemm(a, b, out=got, accumulate=True, config=big)
-        ops.gemm(a, b, out=want, accumulate=True, config=ref_cfg)
-    check(got, base + 2 * (a.float() @ b.float()), base + 2 * (a @ b).float(), f"256x128 accumulate {shape}")
-    assert torch.equal(got, want)
     got32 = ops.gemm(a, b, out_dtype=torch.float32, config=big)
     assert torch.equal(got32, ops.gemm(a, b, out_dtype=torch.float32, config=ref_cfg))
 
@@ -66,18 +51,4 @@ def test_tile256_accumulate_and_fp32_out(shape, cluster):
 @pytest.mark.parametrize("shape", [(1000, 4000, 1040), (2048, 512, 2304)])
 @pytest.mark.parametrize("act,bias", [("swiglu", True), ("gelu_tanh_approx", False), ("relu", True)])
 def test_tile256_gemm_act(act, bias, shape, cluster):
-    from parallel_mlp.kernels import ops
-
-    A = ACTIVATIONS[act]
-    big, ref_cfg = _configs(cluster)
-    m, k, n = shape
-    x = operand(m, k, "row", torch.bfloat16, k ** -0.5)
-    w = operand(k, n, "col", torch.bfloat16)
-    b = torch.randn(n, device="cuda").to(torch.bfloat16) if bias else None
-    pre, post = ops.gemm_act(x, w, act, bias=b, config=big)
-    ref = x.float() @ w.float() + (b.float() if bias else 0)
-    lowp = x @ w + (b if bias else 0)
-    check(pre, ref, lowp, f"256x128 preact {act}")
-    check(post, A.forward(ref), A.forward(lowp), f"256x128 postact {act}")
-    pre2, post2 = ops.gemm_act(x, w, act, bias=b, config=ref_cfg)
-    assert torch.equal(pre, pre2) and torch.equal(post, post2)
+    act_twins(*_configs(cluster), shape, act, bias, f"256x128 {cluster}")
