@@ -94,3 +94,14 @@ def test_profile_step_kernel_table_counts_kernels_and_gaps_not_step_markers():
     assert busy == 0.8 and span == 0.9  # ms per step: 1600 us busy, 1800 us span, over 2 steps
     assert [r[0] for r in rows] == ["fc1", "fc2"]
     assert rows[1][2] == 0.05  # fc2's idle before: 100 us in step 1, 0 in step 2
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")
+def test_clock_probe_needs_a_gpu():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("clock_probe", TOOLS / "clock_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        probe.main(["--seconds", "0.1"])
