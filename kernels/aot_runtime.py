@@ -11,8 +11,7 @@ first (~0.6 s: MLIR bindings and every DSL module). The DSL wheel also ships its
     CuteDSLRT_Function_Run(function, args, n)   # args: &struct per tensor, &stream, &int32 result
 
 so a process whose kernels are all in the disk cache launches them through ctypes and never
-imports the DSL. Like the DSL's own compiled functions, a loaded kernel serves the device it was
-first launched on: one GPU per process, as torchrun runs training. The argument structs are the ones ops.py builds for the DSL's own launcher
+imports the DSL. Tested with one GPU per process, as torchrun runs training. The argument structs are the ones ops.py builds for the DSL's own launcher
 (ops._launch_args), so both paths share one description of the ABI.
 """
 
