@@ -155,7 +155,7 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
 
     The accumulate (fp32 main-grad) epilogue gets the L2 prefetch of its D tile: 0.5-1.4%
     faster on the MLP's wgrad shapes (interleaved). The dact does not: its preact prefetch
-    measured 0.7-1.4% slower.
+    measured 0.7-1.4% slower; it gets a two-slot preact ring per warpgroup instead.
 
     When 128x256 tiles would leave most SMs idle (small M*N, e.g. a wgrad with a small N or a
     short sequence), smaller cooperative tiles give more CTAs.
@@ -167,7 +167,12 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
     pf = kind == "accumulate"
     cm = 2 if m >= 2048 else 1
     if waves(128, 256) >= 2:
-        return GemmConfig(128, 128, cm, 1, 16, num_sms, consumers="pingpong", l2_prefetch=pf)
+        # The dact's two preact slots per warpgroup, both filled at the tile's start, hide its
+        # preact load behind the other warpgroup's mainloop; 16-column subtiles keep 5 stages
+        # beside them. Interleaved on an H200 (swiglu dy@W2): 2.4% faster at h=7168, 2.3% at
+        # h=14336; either change alone is neutral or slower (NOTES.md, session 5).
+        dact = dict(dact_prefetch=2, epi_n=16) if kind == "dact" else {}
+        return GemmConfig(128, 128, cm, 1, 16, num_sms, consumers="pingpong", l2_prefetch=pf, **dact)
     if waves(128, 256) >= 2 or n > 128 and waves(128, 256) >= 1:
         return GemmConfig(128, 256, cm, 1, 8, num_sms, l2_prefetch=pf)
     if waves(128, 128) >= 1:

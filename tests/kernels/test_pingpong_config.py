@@ -56,5 +56,7 @@ def test_default_config_is_pingpong_at_big_shapes():
             cfg = default_config(m, n, k, 132, kind)
             assert (cfg.consumers, cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.raster_group) == ("pingpong", 128, 128, 2, 16)
             assert cfg.l2_prefetch == (kind == "accumulate")
+            # the dact alone takes the two-slot preact ring, with 16-column subtiles for 5 stages
+            assert (cfg.dact_prefetch, cfg.epi_n) == ((2, 16) if kind == "dact" else (1, 32))
     # fewer than two waves of 128x256 tiles: cooperative as before
     assert default_config(1024, 2048, 4096, 132, "store").consumers == "cooperative"
