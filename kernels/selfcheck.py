@@ -127,8 +127,9 @@ def dact_prefetch_variants(quick: bool = False):
 
 
 def pingpong_variants(quick: bool = False):
-    """The pingpong consumers (config.consumers): every epilogue kind at both of its tiles (128x128:
-    two m64 atoms per warpgroup; 64x256), a 2x1 cluster and the dynamic scheduler. --quick keeps
+    """The pingpong consumers (config.consumers): every epilogue kind at two of its tiles (128x128:
+    two m64 atoms per warpgroup; 64x256), a 2x1 cluster, the dynamic scheduler, and the 128x192
+    tile's four epilogue kinds. --quick keeps
     one of each epilogue channel kind (acc-shaped, half-width postact, double-width dpreact with the
     preact load, reduce-add) plus the cluster."""
     def pp(tm, tn, cm=1, sched="static"):
@@ -159,6 +160,11 @@ def pingpong_variants(quick: bool = False):
         KernelKey(EpilogueSpec("store"), pp(128, 128), "bfloat16", "row", "row", "float32"),
         KernelKey(EpilogueSpec("store"), pp(128, 128, sched="dynamic"), "bfloat16", "row", "row", "bfloat16"),
         KernelKey(EpilogueSpec("dact", "swiglu"), pp(128, 128, sched="dynamic"), "bfloat16", "row", "col", "bfloat16"),
+        # 128x192: 192 accumulators per consumer thread, the most that fit beside the epilogue
+        KernelKey(EpilogueSpec("store"), pp(128, 192, 2), "bfloat16", "row", "col", "bfloat16"),
+        KernelKey(EpilogueSpec("accumulate"), pp(128, 192, 2), "bfloat16", "col", "col", "float32"),
+        KernelKey(EpilogueSpec("act", "swiglu"), pp(128, 192, 2), "bfloat16", "row", "row", "bfloat16"),
+        KernelKey(EpilogueSpec("dact", "swiglu"), pp(128, 192, 2), "bfloat16", "row", "col", "bfloat16"),
     ]
 
 

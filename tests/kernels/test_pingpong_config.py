@@ -16,13 +16,13 @@ def test_pingpong_has_its_own_name():
     assert GemmConfig(128, 128, consumers="pingpong").key != GemmConfig(128, 128).key
 
 
-@pytest.mark.parametrize("tile", [(128, 256), (128, 192)])
+@pytest.mark.parametrize("tile", [(128, 256)])
 def test_pingpong_rejects_accumulators_that_do_not_fit(tile):
-    with pytest.raises(ValueError, match=r"tile_m \* tile_n / 128 <= 128"):
+    with pytest.raises(ValueError, match=r"tile_m \* tile_n / 128 <= 192"):
         GemmConfig(*tile, consumers="pingpong")
 
 
-@pytest.mark.parametrize("tile", [(128, 128), (64, 256), (64, 128), (128, 64)])
+@pytest.mark.parametrize("tile", [(128, 128), (64, 256), (64, 128), (128, 64), (128, 192)])
 def test_pingpong_accepts_tiles_that_fit(tile):
     assert GemmConfig(*tile, consumers="pingpong").consumers == "pingpong"
 
@@ -45,7 +45,9 @@ def test_selfcheck_compiles_pingpong_variants():
         kinds = {k.epilogue.kind for k in pp}
         assert kinds == {"store", "accumulate", "act", "dact"}
         assert any(k.config.cluster_m == 2 for k in pp)
-        assert {(k.config.tile_m, k.config.tile_n) for k in pp} == {(128, 128), (64, 256)}
+        tiles = {(k.config.tile_m, k.config.tile_n) for k in pp}
+        assert {(128, 128), (64, 256)} <= tiles <= {(128, 128), (64, 256), (128, 192)}
+        assert quick or (128, 192) in tiles
 
 
 def test_default_config_is_pingpong_at_big_shapes():
