@@ -1,12 +1,22 @@
 """Time against the clock: ms per call, mean SM clock and board power per workload.
 
     python3 tools/clock_probe.py [--h 7168] [--seconds 2] [--rounds 3]
+                                 [--also consumers=cooperative,tile_n=256 ...]
+    python3 tools/clock_probe.py --mlp swiglu:14336 [--compile]
 
 The H200 is power-bound: its SM clock falls when a kernel draws more power (more HBM traffic,
 more shared-memory traffic per FLOP). Two kernels can then differ in time while taking the same
 number of cycles. This runs each workload back to back for --seconds, in turn, for --rounds,
 sampling the SM clock and power through NVML in a thread, and prints per workload: ms per call,
 MHz, W, and kilocycles per call (ms x MHz), the part of the time that is the kernel's own.
+Each --also adds our plain dy@W2 at the default config with those GemmConfig fields replaced
+(as bench_gemm's --also), to see what a tile or cluster shape does to the clock.
+
+--mlp ACT:H runs whole MLP training steps instead (T=8192, d=4096, the bench's models and
+train_step): PyTorch eager, ours, ours with recompute (and torch.compile with --compile), each
+sustained as training runs it. The bench times its variants step by step in turn, so they share
+one clock; sustained, each variant runs at the clock its own power draw allows, and a kernel that
+takes fewer cycles but more energy than cuBLAS's gains less than the interleaved ratio says.
 """
 
 from __future__ import annotations
@@ -56,8 +66,12 @@ class Sampler(threading.Thread):
         return [(mhz, w) for t, mhz, w in self.samples if t0 <= t <= t1]
 
 
-def workloads(h: int, T: int = 8192, d: int = 4096, act: str = "swiglu"):
+def workloads(h: int, T: int = 8192, d: int = 4096, act: str = "swiglu", also=()):
+    import dataclasses
+
     from parallel_mlp.kernels import ops
+    from parallel_mlp.kernels.bench_gemm import _label
+    from parallel_mlp.kernels.config import default_config
 
     bf = torch.bfloat16
     from parallel_mlp.activations import get_activation
@@ -66,13 +80,41 @@ def workloads(h: int, T: int = 8192, d: int = 4096, act: str = "swiglu"):
     r = lambda *s: torch.randn(*s, device="cuda", dtype=bf) * 0.02  # noqa: E731
     dy, w2, pre, post = r(T, d), r(d, h), r(T, F), r(T, h)
     mg = torch.zeros(d, h, device="cuda")
-    return {
+    work = {
         "cuBLAS dy@W2": (2 * T * h * d, lambda: dy @ w2),
         "ours dy@W2": (2 * T * h * d, lambda: ops.gemm(dy, w2)),
         "ours dy@W2+dact": (2 * T * h * d, lambda: ops.gemm_dact(dy, w2, pre, act)),
         "cuBLAS dW2 addmm fp32": (2 * T * h * d, lambda: torch.addmm(mg, dy.t(), post, out_dtype=torch.float32, out=mg)),
         "ours dW2 +=": (2 * T * h * d, lambda: ops.gemm(dy.t(), post, out=mg, accumulate=True)),
     }
+    for fields in also:
+        cfg = dataclasses.replace(default_config(T, h, d), **fields)
+        work[f"ours dy@W2 {_label(fields)}"] = (2 * T * h * d, lambda cfg=cfg: ops.gemm(dy, w2, config=cfg))
+    return work
+
+
+def mlp_workloads(spec: str, compile_too: bool, T: int = 8192, d: int = 4096):
+    """Training steps of the bench's MLP variants at one activation:hidden config."""
+    from parallel_mlp import bench
+
+    ((act, h),) = bench.parse_configs(spec)
+    gated = bench.get_activation(act).gated
+    F = 2 * h if gated else h
+    flops = bench.mlp_flops(T, d, act, h)
+    bf = torch.bfloat16
+    w1 = torch.randn(F, d, device="cuda", dtype=bf) * d ** -0.5
+    w2 = torch.randn(d, h, device="cuda", dtype=bf) * h ** -0.5
+    x = torch.randn(T, d, device="cuda", dtype=bf).requires_grad_(True)
+    dy = torch.randn(T, d, device="cuda", dtype=bf)
+    models = {
+        "eager": bench.EagerMLP(bench.chunked_w1(w1, gated), w2.clone(), act),
+        "ours": bench.build_parallel_mlp(w1, w2, act, h),
+        "ours recompute": bench.build_parallel_mlp(w1, w2, act, h, recompute=True),
+    }
+    if compile_too:
+        models["torch.compile"] = torch.compile(bench.EagerMLP(bench.chunked_w1(w1, gated), w2.clone(), act),
+                                                dynamic=False)
+    return {name: (flops, lambda m=m: bench.train_step(m, x, dy)) for name, m in models.items()}
 
 
 def main(argv=None) -> int:
@@ -81,12 +123,23 @@ def main(argv=None) -> int:
     p.add_argument("--act", default="swiglu")
     p.add_argument("--seconds", type=float, default=2.0)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--also", action="append", default=[], metavar="FIELD=VALUE[,FIELD=VALUE]",
+                   help="also our plain dy@W2 with these GemmConfig fields replaced; repeatable")
+    p.add_argument("--mlp", default=None, metavar="ACT:H",
+                   help="time MLP training steps (eager, ours, ours recompute) instead of GEMMs")
+    p.add_argument("--compile", action="store_true", help="with --mlp: torch.compile's step too")
     args = p.parse_args(argv)
+    from parallel_mlp.kernels.bench_gemm import _parse_fields
+
+    also = [_parse_fields(a) for a in args.also]
     if not torch.cuda.is_available():
         raise SystemExit("clock_probe needs a CUDA GPU")
     sampler = Sampler(Nvml())
     sampler.start()
-    work = workloads(args.h, act=args.act)
+    if args.mlp:
+        work = mlp_workloads(args.mlp, args.compile)
+    else:
+        work = workloads(args.h, act=args.act, also=also)
     stats = {name: [] for name in work}
     for fn in (f for _, f in work.values()):  # compile / load before anything is timed
         fn()
@@ -110,13 +163,16 @@ def main(argv=None) -> int:
             s = sampler.between(t0 + 0.2 * (t1 - t0), t1)  # past the switch-over
             stats[name].append((ms, statistics.mean(m for m, _ in s), statistics.mean(w for _, w in s), flops))
     sampler.stop.set()
-    print(f"h={args.h} act={args.act}; {torch.cuda.get_device_name()}; {args.rounds} rounds of {args.seconds} s each")
-    print(f"{'workload':24s} {'ms/call':>8s} {'TF/s':>6s} {'MHz':>6s} {'W':>6s} {'kcycles':>8s}")
+    what = f"MLP {args.mlp} T=8192 d=4096" if args.mlp else f"h={args.h} act={args.act}"
+    print(f"{what}; {torch.cuda.get_device_name()}; {args.rounds} rounds of {args.seconds} s each")
+    first = next(iter(stats))
+    print(f"{'workload':56s} {'ms/call':>8s} {'TF/s':>6s} {'MHz':>6s} {'W':>6s} {'kcycles':>8s} {'x ' + first:>10s}")
+    base = statistics.median(r[0] for r in stats[first])
     for name, rows in stats.items():
         ms = statistics.median(r[0] for r in rows)
         mhz = statistics.median(r[1] for r in rows)
         w = statistics.median(r[2] for r in rows)
-        print(f"{name:24s} {ms:8.3f} {rows[0][3] / ms / 1e9:6.0f} {mhz:6.0f} {w:6.0f} {ms * mhz:8.0f}")
+        print(f"{name:56s} {ms:8.3f} {rows[0][3] / ms / 1e9:6.0f} {mhz:6.0f} {w:6.0f} {ms * mhz:8.0f} {base / ms:10.3f}")
     return 0
 
 
