@@ -8,8 +8,10 @@
 Prints one line per GEMM: ms and TFLOP/s for torch and for ours, and the ratio (for the fused
 rows, torch runs the plain GEMM of the same shape: the ratio is the fused op's cost); each `--also`
 adds a column of ours with those GemmConfig fields changed on the config ours picks. Inputs are
-random (never zeros); torch, ours and the variants are called in turn, repetition by repetition
-(so all see the same clocks), and each time is the median of its CUDA-event-timed calls.
+random (never zeros); torch, ours and the variants are held in turn (each back to back for
+--hold-s, three turns: each at its own clock, as in training), or with --hold-s 0 called in turn
+call by call (one shared clock: a comparison of cycles); each time is a median of CUDA-event-timed
+calls.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import functools
 
 import torch
 
-from .tuning import host_us_per_call, median_ms_interleaved
+from .tuning import host_us_per_call, median_ms_held, median_ms_interleaved
 
 
 def main(argv=None):
@@ -51,6 +53,10 @@ def main(argv=None):
         help="time another column of ours with these GemmConfig fields replaced on the config ours "
         "picks (e.g. l2_prefetch=1, dact_prefetch=2); repeatable",
     )
+    p.add_argument("--hold-s", type=float, default=0.5,
+                   help="each function runs back to back this long per turn, 3 turns (its own "
+                   "clock, as in training); 0: call by call, round-robin (one shared clock: "
+                   "compares cycles, not time)")
     p.add_argument("--scale", type=float, default=0.02,
                    help="standard deviation of every random operand (1: preact and dy at unit scale, as in training)")
     args = p.parse_args(argv)
@@ -104,6 +110,11 @@ def main(argv=None):
 
     pingpong = args.consumers == "pingpong"
 
+    def timed(fns, reps, warmup):
+        if args.hold_s > 0:
+            return median_ms_held(fns, hold_s=args.hold_s, warmup=warmup)
+        return median_ms_interleaved(fns, reps=reps, warmup=warmup)
+
     for name, M, N, K, ref, ours in rows:
         if only and name.split()[0] not in only:
             continue
@@ -127,7 +138,7 @@ def main(argv=None):
                     runnable.append((cfg, fn))
                 except Exception as e:
                     print(f"   {cfg.key:28s} failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
-            times = median_ms_interleaved([ref] + [fn for _, fn in runnable], reps=20, warmup=3)
+            times = timed([ref] + [fn for _, fn in runnable], 20, 3)
             print(f"{name}: default {default_config(M, N, K).key}; torch {flops / times[0] / 1e9:.0f} TF/s")
             for (cfg, _), t in zip(runnable, times[1:]):
                 print(f"   {cfg.key:28s} {flops / t / 1e9:6.0f} TF/s  {times[0] / t:5.3f}x torch", flush=True)
@@ -140,7 +151,7 @@ def main(argv=None):
         elif args.scheduler:
             ours = functools.partial(_with_scheduler, ours, args.scheduler)
         fns = [ref, ours] + [functools.partial(_with_overrides, ours, v) for v in variants]
-        t_ref, t_ours, *t_var = median_ms_interleaved(fns, reps=30, warmup=5)
+        t_ref, t_ours, *t_var = timed(fns, 30, 5)
         cols = "".join(f" | {t:8.3f} {flops / t / 1e9:6.0f} {t_ref / t:5.3f}" for t in t_var)
         print(
             f"{name:24s} {M:6d} {N:6d} {K:6d} | {t_ref:8.3f} {flops / t_ref / 1e9:6.0f} | "

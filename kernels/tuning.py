@@ -79,6 +79,26 @@ def median_ms_interleaved(fns, reps=10, warmup=1):
     return out
 
 
+def median_ms_held(fns, hold_s=0.5, rounds=3, warmup=1):
+    """Median times (ms) of several functions, each held: run back to back for `hold_s` in turn,
+    for `rounds` turns (parallel_mlp.timing). Each then runs at the clock its own power draw
+    allows, as in training, where median_ms_interleaved gives them one shared clock and so
+    compares cycles. A function's time is the median over its turns of each turn's median."""
+    import statistics
+
+    from parallel_mlp.timing import hold, settled
+
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    torch.cuda.synchronize()
+    turns = [[] for _ in fns]
+    for _ in range(rounds):
+        for fn, out in zip(fns, turns):
+            out.append(statistics.median(settled(hold(lambda i, fn=fn: fn(), hold_s))))
+    return [statistics.median(t) for t in turns]
+
+
 def host_us_per_call(fn, calls=200, warmup=3):
     """Host wall time per call in µs over back-to-back calls of a tiny op: the launch overhead
     (Python, argument conversion, the launch itself), which the GPU waits for whenever the

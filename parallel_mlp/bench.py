@@ -15,9 +15,14 @@ Sections (``--only`` picks some):
 Timing follows the workplace's method: CUDA events around each call, warm-up first, the median of
 ``--iters`` calls, random inputs (never zeros), several input sets rotated when one set would sit in
 L2, and a cuBLAS 8192^3 line at the start and end so the run states its own ceiling and drift.
-Variants that are compared (ours vs cuBLAS, the MLP variants) are timed interleaved, call by call:
-the H200 is power-bound and its clock wanders 10-20% over seconds, so timing them one after the
-other would compare clock states as much as kernels.
+Variants that are compared (ours vs cuBLAS, the MLP variants) are timed held: each runs back to
+back for ``--hold-s`` seconds, in turn, for ``--rounds`` rounds (the median of its rounds). The
+H200 is power-bound: at its 700 W cap the clock a kernel gets depends on the energy it spends per
+cycle, and it settles over tens of milliseconds. Held, each variant runs at its own clock, as in
+training; rounds in turn cancel the drift of the card's clock over seconds. (``--hold-s 0`` times
+call by call, round-robin: the variants then share one clock, so the ratio compares cycles, not
+time; that favoured our kernels, which take fewer cycles but more power than cuBLAS's, by up to
+13% on the whole MLP; kernels/NOTES.md, session 5.)
 
 Every measurement is guarded: an error (the kernels missing, a shape they reject, an OOM) is
 recorded in its row of the JSON and the table, and the run goes on. The table is printed last.
@@ -48,14 +53,15 @@ from .activations import get_activation
 from .backends import TorchBackend, resolve
 from .layer import ParallelMLP
 from .params import split_gate_up
+from .timing import hold, settled
 
 DEFAULT_CONFIGS = "swiglu:14336,swiglu:7168,gelu_tanh_approx:16384"
 # Tiny shapes for --dry-run: every code path, seconds on a CPU. Sizes stay multiples of 64 so the
 # CuTe kernels' 16-byte alignment holds when a dry run happens on a GPU.
 DRY_RUN = dict(tokens=256, d_model=128, configs="swiglu:384,swiglu:192,gelu_tanh_approx:512",
-               iters=3, warmup=1, ceiling_size=256)
+               iters=3, warmup=1, ceiling_size=256, hold_s=0.0)
 # Leave room after the budget for the table, the JSON and the chart.
-DEFAULT_BUDGET_S = 270.0
+DEFAULT_BUDGET_S = 420.0
 # torch.compile's first call can take tens of seconds: don't start one with less time than this.
 COMPILE_RESERVE_S = 60.0
 # After the budget, the longest a started row may take before the watchdog reports a hang.
@@ -90,6 +96,8 @@ class Ctx:
     ours: object = None            # the resolved backend class, or None when it cannot run
     ours_reason: str | None = None  # why not
     l2_bytes: int = 0
+    hold_s: float = 0.0             # > 0: time variants held (time_held), else call by call
+    rounds: int = 3                 # held: turns each variant gets
     current: str = ""               # the measurement in progress, for the watchdog's report
     checkpoint: Callable[[], None] = lambda: None  # saves the results so far
     cuda: bool = field(init=False)
@@ -159,18 +167,22 @@ def time_calls(ctx: Ctx, fn, n_sets: int = 1) -> dict:
 
 
 def time_interleaved(ctx: Ctx, fns: dict[str, Callable], n_sets: int = 1) -> dict[str, dict]:
-    """Time several functions call by call, round-robin: ctx.warmup untimed rounds, then ctx.iters
-    rounds, each calling every fn once in order with the same input set ``i``. Returns, per name,
-    what time_calls returns.
+    """Time several functions side by side: held (time_held) when ctx.hold_s > 0, else call by
+    call, round-robin: ctx.warmup untimed rounds, then ctx.iters rounds, each calling every fn
+    once in order with the same input set ``i``. Returns, per name, what time_calls returns.
 
-    Why interleave: the H200 is power-bound, and its SM clock wanders 10-20% over seconds with the
-    load. Timing one variant's calls and then the other's compares two clock states as much as two
-    kernels (one run had cuBLAS at 803 TF/s and ours at 680 on a row, another run the reverse).
-    Calls of all the variants side by side share whatever the clock does, so their ratio holds.
+    Why side by side: the H200 is power-bound, and its SM clock wanders 10-20% over seconds with
+    the load. Timing all of one variant's calls and then the other's compares two clock states as
+    much as two kernels (one run had cuBLAS at 803 TF/s and ours at 680 on a row, another run the
+    reverse). Call by call, the variants share one clock, so the ratio compares their cycles but
+    hides that one may draw more power per cycle and, run alone, get a lower clock; held turns
+    (the default) give each its own clock and still cancel the drift.
 
     On CUDA each call sits between two events and the host never waits inside the loop, so the
     queue stays full; one synchronize at the end. On the CPU a perf_counter pair per call.
     """
+    if ctx.hold_s > 0:
+        return time_held(ctx, fns, n_sets)
     for i in range(ctx.warmup):
         for fn in fns.values():
             fn(i % n_sets)
@@ -198,6 +210,29 @@ def time_interleaved(ctx: Ctx, fns: dict[str, Callable], n_sets: int = 1) -> dic
                 times[name].append((time.perf_counter() - t0) * 1e3)
     return {name: {"ms": statistics.median(t), "min_ms": min(t), "max_ms": max(t),
                    "iters": ctx.iters, "input_sets": n_sets} for name, t in times.items()}
+
+
+def time_held(ctx: Ctx, fns: dict[str, Callable], n_sets: int = 1) -> dict[str, dict]:
+    """Time each fn held, as training runs it: ctx.warmup untimed calls of each, then ctx.rounds
+    rounds in which each fn in turn runs back to back for ctx.hold_s seconds (input sets cycling).
+    A hold's time is the median of its settled calls (timing.settled); a fn's ``ms`` is
+    the median of its holds, ``min_ms`` / ``max_ms`` the extremes of its holds' medians, and
+    ``iters`` the calls timed. Returns the same keys as the call-by-call timing, plus ``hold_s``
+    and ``rounds``."""
+    for i in range(ctx.warmup):
+        for fn in fns.values():
+            fn(i % n_sets)
+    ctx.sync()
+    holds = {name: [] for name in fns}
+    counted = {name: 0 for name in fns}
+    for _ in range(ctx.rounds):
+        for name, fn in fns.items():
+            kept = settled(hold(lambda i, fn=fn: fn(i % n_sets), ctx.hold_s, ctx.cuda))
+            holds[name].append(statistics.median(kept))
+            counted[name] += len(kept)
+    return {name: {"ms": statistics.median(h), "min_ms": min(h), "max_ms": max(h),
+                   "iters": counted[name], "input_sets": n_sets, "hold_s": ctx.hold_s,
+                   "rounds": ctx.rounds} for name, h in holds.items()}
 
 
 def per_name(result: dict, names) -> dict[str, dict]:
@@ -497,9 +532,9 @@ def bench_fused(ctx: Ctx, act: str, h: int) -> list[dict]:
     for op, spec in fused_ops(ctx, act, h).items():
         log(f"fused {config_label(act, h)} {op}")
         flops = spec["flops"]
-        # The plain cuBLAS GEMM and ours call by call (same clocks) for the ratio the target is
-        # on. Eager is timed on its own: its elementwise kernels draw less power, so the clock
-        # would rise during them and flatter whichever call came next.
+        # The plain cuBLAS GEMM and ours side by side for the ratio the target is on. Eager is
+        # timed on its own: called in turn, its elementwise kernels, which draw less power,
+        # would raise the clock for whichever call came next.
         fns = {"cublas": on_sets(spec["cublas"])}
         if ctx.ours is not None:
             fns["ours"] = on_sets(spec["ours"])
@@ -672,8 +707,8 @@ def mlp_builders(ctx: Ctx, act: str, h: int, w1: torch.Tensor, w2: torch.Tensor)
 def bench_mlp(ctx: Ctx, act: str, h: int, names) -> dict:
     """The named variants of one config. Each in turn is built, called once (first-call time, and
     a check against the first variant's outputs, the reference) and measured for peak memory; then
-    the timed steps of all of them run interleaved, one step of each per round, so that the
-    ratios between them compare the variants at the same clocks (see time_interleaved)."""
+    their timed steps run side by side (time_interleaved: held, each at its own clock, by
+    default)."""
     T, d = ctx.tokens, ctx.d_model
     f = fc1_features(act, h)
     flops = mlp_flops(T, d, act, h)
@@ -707,7 +742,7 @@ def bench_mlp(ctx: Ctx, act: str, h: int, names) -> dict:
         free_memory(ctx)
 
     if models:
-        log(f"mlp {label} timing {', '.join(models)} interleaved")
+        log(f"mlp {label} timing {', '.join(models)} side by side")
         steps = {name: (lambda i, model=model: train_step(model, xs[i], dys[i]))
                  for name, model in models.items()}
         timings = per_name(attempt(ctx, f"mlp {' vs '.join(models)}", time_with_tflops, ctx,
@@ -894,6 +929,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--skip-cold-start", action="store_true", help="no cold-start subprocesses")
     p.add_argument("--json", default="bench.json", help="where to write every number")
     p.add_argument("--png", default=None, help="chart (needs matplotlib, the 'bench' extra)")
+    p.add_argument("--hold-s", type=float, default=None,
+                   help="seconds each compared variant runs back to back per round (default 1; "
+                        "0: call by call, which compares cycles at a shared clock, not time)")
+    p.add_argument("--rounds", type=int, default=3, help="held timing: turns per variant")
     p.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
                    help="rows that would start after this many seconds are skipped")
     p.add_argument("--dry-run", action="store_true",
@@ -909,7 +948,7 @@ def apply_defaults(args: argparse.Namespace) -> argparse.Namespace:
         log("no CUDA device: running the CPU dry run (tiny shapes, torch backend)")
         args.dry_run = True
     base = DRY_RUN if args.dry_run else dict(tokens=8192, d_model=4096, configs=DEFAULT_CONFIGS,
-                                             iters=30, warmup=5, ceiling_size=8192)
+                                             iters=30, warmup=5, ceiling_size=8192, hold_s=1.0)
     for key, value in base.items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
@@ -935,7 +974,8 @@ def run_metadata(args: argparse.Namespace, ctx: Ctx) -> dict:
             "device": torch.cuda.get_device_name(ctx.device) if ctx.cuda else "cpu",
             "cuda": torch.version.cuda, "dtype": args.dtype, "tokens": args.tokens,
             "d_model": args.d_model, "configs": args.configs, "iters": args.iters,
-            "warmup": args.warmup, "backend": args.backend, "dry_run": args.dry_run,
+            "warmup": args.warmup, "hold_s": args.hold_s, "rounds": args.rounds,
+            "backend": args.backend, "dry_run": args.dry_run,
             "ours_unavailable": ctx.ours_reason, "l2_bytes": ctx.l2_bytes,
             "argv": sys.argv[1:], "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     if getattr(args, "backend_note", None):
@@ -963,7 +1003,8 @@ def run_metadata(args: argparse.Namespace, ctx: Ctx) -> dict:
 def make_ctx(args: argparse.Namespace, device: torch.device, start: float) -> Ctx:
     ctx = Ctx(device=device, dtype=getattr(torch, args.dtype), tokens=args.tokens,
               d_model=args.d_model, configs=parse_configs(args.configs), iters=args.iters,
-              warmup=args.warmup, backend=args.backend, deadline=start + args.budget_s)
+              warmup=args.warmup, backend=args.backend, deadline=start + args.budget_s,
+              hold_s=args.hold_s, rounds=args.rounds)
     # The cold start uses the issue's case (swiglu h=14336) or, on other shapes, the first config.
     swiglu = [c for c in ctx.configs if c[0] == "swiglu"]
     ctx.cold_start_config = swiglu[0] if swiglu else ctx.configs[0]

@@ -165,6 +165,11 @@ def _header(results: dict, notes: Notes) -> list[str]:
     size = start.get("size") if isinstance(start, dict) else None
     lines.append(f"ceiling: cuBLAS {size}^3 GEMM {notes.cell(start, 'tflops')} TFLOP/s at start, "
                  f"{notes.cell(end, 'tflops')} at end ({notes.cell(start)} ms)")
+    if meta.get("hold_s"):
+        lines.append(f"timing: held, each compared variant back to back for {meta['hold_s']:g} s per "
+                     f"turn, {meta.get('rounds')} turns each (its own clock, as in training)")
+    elif "hold_s" in meta:
+        lines.append("timing: call by call, round-robin (one shared clock: compares cycles)")
     return lines
 
 

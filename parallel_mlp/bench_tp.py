@@ -188,6 +188,9 @@ def main(args) -> int:
     ctx = make_ctx(args, device, start)
     # No time budget here: a rank skipping a row the others run would desynchronize collectives.
     ctx.deadline = float("inf")
+    # Nor held timing: each rank would stop its hold after its own number of steps, and the
+    # collectives in them would no longer pair up. Call by call, every rank runs ctx.iters steps.
+    ctx.hold_s = 0.0
     probe_ours(ctx)
     results = {"meta": run_metadata(args, ctx) | {"world_size": world, "mode": "tp"}, "tp": []}
     for act, h in ctx.configs:

@@ -178,3 +178,32 @@ def test_interleaved_failure_reaches_every_row():
     fns = {"cublas": lambda i: None, "ours": broken}
     rows = bench.per_name(bench.attempt(ctx, "pair", bench.time_interleaved, ctx, fns), fns)
     assert rows == {name: {"error": "RuntimeError: boom"} for name in ("cublas", "ours")}
+
+
+def test_time_held_runs_each_fn_in_holds():
+    """Held timing: each fn runs back to back for hold_s per turn, fns in turn, ctx.rounds turns;
+    each keeps its own time, and the calls counted leave out the start of every hold."""
+    import time
+
+    from parallel_mlp import bench
+
+    ctx = cpu_ctx(iters=3, warmup=1)
+    ctx.hold_s, ctx.rounds = 0.1, 2
+    order = []
+
+    def slow(i):
+        order.append("slow")
+        time.sleep(0.01)
+
+    def fast(i):
+        order.append("fast")
+
+    out = bench.time_interleaved(ctx, {"slow": slow, "fast": fast})
+    # warm-up: one call of each; then two turns each, every turn a run of one fn's calls
+    turns = [order[0]] + [b for a, b in zip(order, order[1:]) if a != b]
+    assert turns == ["slow", "fast"] * 3
+    assert out["slow"]["min_ms"] >= 9 and out["fast"]["ms"] < 1
+    assert out["slow"]["hold_s"] == 0.1 and out["slow"]["rounds"] == 2
+    slow_calls = order.count("slow") - 1
+    assert 0 < out["slow"]["iters"] < slow_calls  # the settling part of each hold is left out
+    assert out["slow"]["min_ms"] <= out["slow"]["ms"] <= out["slow"]["max_ms"]

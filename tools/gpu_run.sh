@@ -44,7 +44,7 @@ declare -A CMD=(
   [profile]="timeout 200 python3 -m parallel_mlp.profile_step && timeout 150 python3 -m parallel_mlp.profile_step --h 7168 && timeout 60 python3 -m parallel_mlp.kernels.host_overhead"
   [cold]="timeout 120 python3 -m parallel_mlp.bench --only cold-start --json $OUT/cold.json"
   [clock]="timeout 120 python3 tools/clock_probe.py --h 7168 && timeout 150 python3 tools/clock_probe.py --h 14336"
-  [full]="timeout 420 python3 -m parallel_mlp.bench --iters 20 --warmup 3 --budget-s 300 --json $OUT/bench.json"
+  [full]="timeout 570 python3 -m parallel_mlp.bench --budget-s 420 --json $OUT/bench.json"
   [ncu]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 5 --launch-count 5 --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis python3 -m parallel_mlp.kernels.profile_cases"
 )
 ORDER=(tests_kernels tests_layer tests_all prefetch epi16 bench_gemm sweep mlp profile cold clock full ncu)
