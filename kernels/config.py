@@ -149,10 +149,10 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
     """Pick a config for an (M, N, K) problem and an epilogue kind without timing anything.
 
     With two or more waves of 128x256 tiles (every GEMM of an MLP at T=8192): pingpong consumers
-    on 128x128 tiles with a 2x1 cluster and raster group 16; one warpgroup's epilogue then runs
-    under the other's mainloop. Timed interleaved against the cooperative 128x256 default on an
-    H200 (kernels/NOTES.md, session 3): fc1 + swiglu 7% faster, plain and accumulate GEMMs 2-5%,
-    dx even. The dact joined once its epilogue smem shrank enough for 5 A/B stages (a 128x128
+    with a 2x1 cluster and raster group 16; one warpgroup's epilogue then runs under the other's
+    mainloop. The warpgroup tile is 128x192 since session 5 (below), 128x128 before. Timed call
+    by call against the cooperative 128x256 default on an H200 (kernels/NOTES.md, session 3):
+    fc1 + swiglu 7% faster, plain and accumulate GEMMs 2-5%, dx even. The dact joined once its epilogue smem shrank enough for 5 A/B stages (a 128x128
     pingpong tile at 3 stages runs 32% slower than at 5).
 
     The accumulate (fp32 main-grad) epilogue gets the L2 prefetch of its D tile: 0.5-1.4%
@@ -171,10 +171,15 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
     if waves(128, 256) >= 2:
         # The dact's two preact slots per warpgroup, both filled at the tile's start, hide its
         # preact load behind the other warpgroup's mainloop; 16-column subtiles keep 5 stages
-        # beside them. Interleaved on an H200 (swiglu dy@W2): 2.4% faster at h=7168, 2.3% at
-        # h=14336; either change alone is neutral or slower (NOTES.md, session 5).
+        # beside them. On an H200 (swiglu dy@W2), call by call: 2.4% faster at h=7168, 2.3% at
+        # h=14336; either change alone is neutral or slower. Held, at 128x192 and h=7168: 1.13x
+        # the time of cuBLAS's plain GEMM against 1.17x with one slot (NOTES.md, session 5).
         dact = dict(dact_prefetch=2, epi_n=16) if kind == "dact" else {}
-        return GemmConfig(128, 128, cm, 1, 16, num_sms, consumers="pingpong", l2_prefetch=pf, **dact)
+        # 128x192 per warpgroup (192 accumulators per thread): with the 2x1 cluster, 0.0091
+        # operand elements read from L2 per MAC against 128x128's 0.0117. At the power cap the
+        # time of a GEMM follows its energy, not its cycles: held on an H200 (bench_gemm), 25 of
+        # 27 MLP GEMMs ran 1-7% faster than at 128x128 (NOTES.md, session 5).
+        return GemmConfig(128, 192, cm, 1, 16, num_sms, consumers="pingpong", l2_prefetch=pf, **dact)
     if waves(128, 256) >= 2 or n > 128 and waves(128, 256) >= 1:
         return GemmConfig(128, 256, cm, 1, 8, num_sms, l2_prefetch=pf)
     if waves(128, 128) >= 1:

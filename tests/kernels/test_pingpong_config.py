@@ -56,7 +56,7 @@ def test_default_config_is_pingpong_at_big_shapes():
     for m, n, k in [(8192, 28672, 4096), (8192, 4096, 14336), (4096, 14336, 8192), (4100, 4200, 1000)]:
         for kind in ("store", "accumulate", "act", "dact"):
             cfg = default_config(m, n, k, 132, kind)
-            assert (cfg.consumers, cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.raster_group) == ("pingpong", 128, 128, 2, 16)
+            assert (cfg.consumers, cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.raster_group) == ("pingpong", 128, 192, 2, 16)
             assert cfg.l2_prefetch == (kind == "accumulate")
             # the dact alone takes the two-slot preact ring, with 16-column subtiles for 5 stages
             assert (cfg.dact_prefetch, cfg.epi_n) == ((2, 16) if kind == "dact" else (1, 32))
