@@ -1,8 +1,9 @@
 """`tuned=True`: time the candidate configs once per problem, remember the winner on disk.
 
 The choice is keyed by (variant, dtypes, operand majorness, M, N, K, SM count) and kept in
-``$PARALLEL_MLP_CACHE_DIR/tune.json`` (default ``~/.cache/parallel_mlp``); later calls and later
-processes reuse it without timing. Timing runs the real op on the caller's tensors, into scratch
+``$PARALLEL_MLP_CACHE_DIR/tune-v2.json`` (default ``~/.cache/parallel_mlp``); later calls and
+later processes reuse it without timing. Candidates are timed held (median_ms_held, 0.2 s turns,
+three each: ~5 s per problem), so the choice is the fastest at the clock it gets running alone. Timing runs the real op on the caller's tensors, into scratch
 outputs, so it never writes to the caller's outputs.
 """
 
@@ -25,7 +26,9 @@ _choices: dict | None = None
 
 
 def _path():
-    return cache_dir() / "tune.json"
+    # v2: choices timed held (each candidate at its own clock). tune.json's were timed call by
+    # call, which picks by cycles; they are not reused.
+    return cache_dir() / "tune-v2.json"
 
 
 def _load():
@@ -143,9 +146,12 @@ def tuned_config(spec, a, bk, d_dtype, num_sms: int) -> GemmConfig:
         if key in choices:
             return GemmConfig(**choices[key])
     default = default_config(m, n, k, num_sms, spec.kind)
-    # The default competes too: it may be a config the candidate list does not hold (pingpong).
+    # The default competes too: it may be a config the candidate list does not hold (pingpong),
+    # and so does the default with a 128x128 pingpong tile (the default before 128x192).
     candidates = [default] + [dataclasses.replace(c, num_sms=num_sms, l2_prefetch=default.l2_prefetch)
                               for c in TUNE_CANDIDATES]
+    if default.consumers == "pingpong" and default.tile_n != 128:
+        candidates.append(dataclasses.replace(default, tile_n=128))
     run = _candidate_runner(spec, a, bk.t(), d_dtype)
     runnable = []
     for cfg in dict.fromkeys(candidates):
@@ -156,9 +162,10 @@ def tuned_config(spec, a, bk, d_dtype, num_sms: int) -> GemmConfig:
         runnable.append(cfg)
     best = default
     if runnable:
-        # Timed in turn, call by call: the card's clock drifts 10-20% over seconds under a GEMM,
-        # so candidates timed one after another would be chosen by the clock they ran at.
-        times = median_ms_interleaved([functools.partial(run, cfg) for cfg in runnable])
+        # Held turns: each candidate at the clock its own power draw gets (call by call they
+        # would share one and be chosen by cycles), and the turns in rounds cancel the card's
+        # drift of 10-20% over seconds.
+        times = median_ms_held([functools.partial(run, cfg) for cfg in runnable], hold_s=0.2)
         best = runnable[min(range(len(runnable)), key=times.__getitem__)]
     with _lock:
         _load()[key] = asdict(best)
