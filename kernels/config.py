@@ -71,8 +71,8 @@ class GemmConfig:
     epi_n: int = 32
 
     def __post_init__(self):
-        if self.tile_m not in (64, 128, 256):
-            raise ValueError(f"tile_m={self.tile_m}: must be 64, 128 or 256")
+        if self.tile_m not in (64, 128, 192, 256):
+            raise ValueError(f"tile_m={self.tile_m}: must be 64, 128, 192 or 256")
         if self.tile_n not in (64, 128, 192, 256):
             raise ValueError(f"tile_n={self.tile_n}: must be 64, 128, 192 or 256")
         if self.cluster_m not in (1, 2) or self.cluster_n not in (1, 2):
@@ -104,6 +104,13 @@ class GemmConfig:
                     f"tile {self.tile_m}x{self.tile_n} with consumers={self.consumers!r}: a 256-row tile "
                     "is cooperative with tile_n <= 128 (each warpgroup holds 128 x tile_n accumulators)"
                 )
+        if self.tile_m == 192 and self.consumers != "pingpong":
+            # Three m64 atoms along M for one warpgroup; two cooperative warpgroups would split
+            # 192 rows into 96, which is no multiple of the m64 atom.
+            raise ValueError(
+                f"tile 192x{self.tile_n} with consumers={self.consumers!r}: a 192-row tile is one "
+                "warpgroup's (three m64 atoms), so it needs consumers='pingpong'"
+            )
         if self.consumers == "pingpong":
             # One warpgroup holds the whole tile's fp32 accumulators: tile_m * tile_n / 128 per
             # thread. Past 192 the consumer (232 registers) would spill in the mainloop.

@@ -15,6 +15,7 @@ variant fails. Compiles run in parallel processes (-j, default: number of CPUs).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -128,8 +129,8 @@ def dact_prefetch_variants(quick: bool = False):
 
 def pingpong_variants(quick: bool = False):
     """The pingpong consumers (config.consumers): every epilogue kind at two of its tiles (128x128:
-    two m64 atoms per warpgroup; 64x256), a 2x1 cluster, the dynamic scheduler, and the 128x192
-    tile's four epilogue kinds. --quick keeps
+    two m64 atoms per warpgroup; 64x256), a 2x1 cluster, the dynamic scheduler, and the four
+    epilogue kinds of the 128x192 and 192x128 tiles. --quick keeps
     one of each epilogue channel kind (acc-shaped, half-width postact, double-width dpreact with the
     preact load, reduce-add) plus the cluster."""
     def pp(tm, tn, cm=1, sched="static"):
@@ -146,6 +147,7 @@ def pingpong_variants(quick: bool = False):
             KernelKey(EpilogueSpec("dact", "relu"), c, dt, "row", "col", dt),
         ]
 
+    pp192x128 = GemmConfig(192, 128, 1, 2, consumers="pingpong", epi_n=16)
     if quick:
         return [
             KernelKey(EpilogueSpec("store"), pp(128, 128), "bfloat16", "row", "row", "bfloat16"),
@@ -165,6 +167,13 @@ def pingpong_variants(quick: bool = False):
         KernelKey(EpilogueSpec("accumulate"), pp(128, 192, 2), "bfloat16", "col", "col", "float32"),
         KernelKey(EpilogueSpec("act", "swiglu"), pp(128, 192, 2), "bfloat16", "row", "row", "bfloat16"),
         KernelKey(EpilogueSpec("dact", "swiglu"), pp(128, 192, 2), "bfloat16", "row", "col", "bfloat16"),
+        # 192x128 (three m64 atoms per warpgroup) with a 1x2 cluster and 16-column subtiles
+        # (the 192-row epilogue buffers leave 4 stages at 32 columns, 5 at 16)
+        KernelKey(EpilogueSpec("store"), pp192x128, "bfloat16", "row", "col", "bfloat16"),
+        KernelKey(EpilogueSpec("accumulate"), pp192x128, "bfloat16", "col", "col", "float32"),
+        KernelKey(EpilogueSpec("act", "swiglu"), pp192x128, "bfloat16", "row", "row", "bfloat16"),
+        KernelKey(EpilogueSpec("dact", "swiglu"), dataclasses.replace(pp192x128, dact_prefetch=2),
+                  "bfloat16", "row", "col", "bfloat16"),
     ]
 
 

@@ -22,9 +22,16 @@ def test_pingpong_rejects_accumulators_that_do_not_fit(tile):
         GemmConfig(*tile, consumers="pingpong")
 
 
-@pytest.mark.parametrize("tile", [(128, 128), (64, 256), (64, 128), (128, 64), (128, 192)])
+@pytest.mark.parametrize("tile", [(128, 128), (64, 256), (64, 128), (128, 64), (128, 192), (192, 128)])
 def test_pingpong_accepts_tiles_that_fit(tile):
     assert GemmConfig(*tile, consumers="pingpong").consumers == "pingpong"
+
+
+def test_192_row_tile_is_pingpong_only():
+    with pytest.raises(ValueError, match="192-row tile is one warpgroup's"):
+        GemmConfig(192, 128)
+    with pytest.raises(ValueError, match="tile_m \\* tile_n / 128 <= 192"):
+        GemmConfig(192, 192, consumers="pingpong")
 
 
 def test_unknown_consumers_value():
@@ -46,8 +53,8 @@ def test_selfcheck_compiles_pingpong_variants():
         assert kinds == {"store", "accumulate", "act", "dact"}
         assert any(k.config.cluster_m == 2 for k in pp)
         tiles = {(k.config.tile_m, k.config.tile_n) for k in pp}
-        assert {(128, 128), (64, 256)} <= tiles <= {(128, 128), (64, 256), (128, 192)}
-        assert quick or (128, 192) in tiles
+        assert {(128, 128), (64, 256)} <= tiles <= {(128, 128), (64, 256), (128, 192), (192, 128)}
+        assert quick or {(128, 192), (192, 128)} <= tiles
 
 
 def test_default_config_is_pingpong_at_big_shapes():

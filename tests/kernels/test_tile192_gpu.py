@@ -1,9 +1,10 @@
-"""The 128x192 pingpong tile (192 fp32 accumulators per consumer thread) on an sm_90 GPU.
+"""The pingpong tiles of 192 fp32 accumulators per consumer thread, 128x192 (the default for
+big GEMMs) and 192x128 (three m64 atoms per warpgroup), on an sm_90 GPU.
 
 Each output element accumulates the same k16 WGMMA steps in the same order whatever the tile's
-width, and the epilogue math per element is the same, so every epilogue kind must match the
-128x128 pingpong default bitwise, and the fp32 reference by DESIGN.md's tolerance, over tails
-(N = 1000 and 1048 are not multiples of 192), multi-wave shapes and a single K block.
+shape, and the epilogue math per element is the same, so every epilogue kind must match the
+128x128 pingpong kernel bitwise, and the fp32 reference by DESIGN.md's tolerance, over tails
+(M = 1000 and N = 1000, 1048 are not multiples of 192), multi-wave shapes and a single K block.
 """
 
 import dataclasses
@@ -22,15 +23,18 @@ def _twins(name):
 
     pp = GemmConfig(128, 128, 2, 1, 16, consumers="pingpong")
     wide = dataclasses.replace(pp, tile_n=192)
+    tall = GemmConfig(192, 128, 1, 2, 16, consumers="pingpong", epi_n=16)
     return {
         "pp192": (wide, pp),
         "pp192_e16": (dataclasses.replace(wide, epi_n=16), pp),
         "pp192_c1x2": (dataclasses.replace(wide, cluster_m=1, cluster_n=2), pp),
         "pp192_pf2_e16": (dataclasses.replace(wide, dact_prefetch=2, epi_n=16), pp),
+        "pp192x128": (tall, pp),
+        "pp192x128_pf2": (dataclasses.replace(tall, dact_prefetch=2), pp),
     }[name]
 
 
-@pytest.mark.parametrize("name", ["pp192", "pp192_e16", "pp192_c1x2"])
+@pytest.mark.parametrize("name", ["pp192", "pp192_e16", "pp192_c1x2", "pp192x128"])
 @pytest.mark.parametrize("shape", [(1000, 4000, 1048), (2048, 512, 2304), (64, 64, 192)])
 def test_tile192_gemm_and_accumulate(shape, name):
     cfg, twin = _twins(name)
@@ -38,14 +42,14 @@ def test_tile192_gemm_and_accumulate(shape, name):
     accumulate_twins(cfg, twin, shape, what=name)
 
 
-@pytest.mark.parametrize("name", ["pp192", "pp192_e16"])
+@pytest.mark.parametrize("name", ["pp192", "pp192_e16", "pp192x128"])
 @pytest.mark.parametrize("shape", [(1000, 4000, 1000), (2048, 512, 2304)])
 @pytest.mark.parametrize("act,bias", [("swiglu", True), ("gelu_tanh_approx", False)])
 def test_tile192_gemm_act(act, bias, shape, name):
     act_twins(*_twins(name), shape, act, bias, name)
 
 
-@pytest.mark.parametrize("name", ["pp192", "pp192_pf2_e16"])
+@pytest.mark.parametrize("name", ["pp192", "pp192_pf2_e16", "pp192x128", "pp192x128_pf2"])
 @pytest.mark.parametrize("shape", [(1000, 4000, 1000), (2048, 512, 2304)])
 @pytest.mark.parametrize("act", ["swiglu", "relu"])
 def test_tile192_dact(act, shape, name):
