@@ -14,7 +14,8 @@
 #     epi16        the epi_n=16 / two-slot pingpong dact / 256x128 options: their GPU tests, then
 #                  the dact (h=7168, 14336) and the plain GEMMs timed against the defaults
 #     tiles192     the 192x128 pingpong tile's GPU tests (with 128x192's), then every GEMM held
-#                  at the default (128x192) beside 128x128 and 192x128 c1x2, three configs
+#                  at the default (128x192) beside 128x128, 192x128 c1x2 and raster group 8,
+#                  (h=14336 and 7168; ~6 min)
 #     bench_gemm   the six GEMMs + fused ops vs cuBLAS, h=14336 and h=7168
 #     sweep        the tuning candidates at raster groups 8 and 16 on the three biggest GEMMs,
 #                  and every GEMM with pingpong 128x128 c2x1 g16 / cooperative g16 beside it
@@ -40,7 +41,7 @@ declare -A CMD=(
   [tests_all]="timeout 540 python3 tools/pytest_shards.py 8 -m gpu tests/kernels tests/test_layer_gpu.py -k 'not selfcheck'"
   [prefetch]="timeout 240 python3 -m pytest -q -m gpu tests/kernels/test_l2_prefetch_gpu.py -x; for h in 14336 7168; do timeout 120 python3 -m parallel_mlp.kernels.bench_gemm --h \$h --only dpost,dW1,dW2 --also l2_prefetch=1 --also l2_prefetch=1,dact_prefetch=2; done"
   [epi16]="timeout 200 python3 tools/pytest_shards.py 12 -m gpu tests/kernels/test_epi16_gpu.py; for h in 7168 14336; do timeout 120 python3 -m parallel_mlp.kernels.bench_gemm --h \$h --only dpost --also dact_prefetch=2,epi_n=16 --also epi_n=16 --also dact_prefetch=2; done; timeout 150 python3 -m parallel_mlp.kernels.bench_gemm --only fc1,fc2,dx,dW2,dW1 --also tile_m=256,tile_n=128,cluster_m=1,cluster_n=2,raster_group=8,consumers=cooperative,l2_prefetch=0,epi_n=16 --also epi_n=16"
-  [tiles192]="timeout 150 python3 tools/pytest_shards.py 14 -m gpu tests/kernels/test_tile192_gpu.py; for a in '--h 14336' '--h 7168' '--h 16384 --act gelu_tanh_approx'; do timeout 110 python3 -m parallel_mlp.kernels.bench_gemm \$a --also tile_n=128 --also tile_m=192,tile_n=128,cluster_m=1,cluster_n=2,epi_n=16; done"
+  [tiles192]="timeout 150 python3 tools/pytest_shards.py 14 -m gpu tests/kernels/test_tile192_gpu.py; for a in '--h 14336' '--h 7168'; do timeout 140 python3 -m parallel_mlp.kernels.bench_gemm \$a --also tile_n=128 --also tile_m=192,tile_n=128,cluster_m=1,cluster_n=2,epi_n=16 --also raster_group=8; done"
   [bench_gemm]="timeout 120 python3 -m parallel_mlp.kernels.bench_gemm && timeout 90 python3 -m parallel_mlp.kernels.bench_gemm --h 7168"
   [sweep]="timeout 300 python3 -m parallel_mlp.kernels.bench_gemm --sweep --only fc1,dx,dW1 --groups 8,16; timeout 200 python3 -m parallel_mlp.kernels.bench_gemm --also consumers=pingpong,tile_n=128,raster_group=16 --also raster_group=16"
   [mlp]="timeout 200 python3 -m parallel_mlp.bench --only mlp --skip-compile --skip-cold-start --iters 15 --warmup 3 --budget-s 170 --json $OUT/mlp.json"
