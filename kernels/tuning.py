@@ -2,9 +2,10 @@
 
 The choice is keyed by (variant, dtypes, operand majorness, M, N, K, SM count) and kept in
 ``$PARALLEL_MLP_CACHE_DIR/tune-v2.json`` (default ``~/.cache/parallel_mlp``); later calls and
-later processes reuse it without timing. Candidates are timed held (median_ms_held, 0.2 s turns,
-three each: ~5 s per problem), so the choice is the fastest at the clock it gets running alone. Timing runs the real op on the caller's tensors, into scratch
-outputs, so it never writes to the caller's outputs.
+later processes reuse it without timing. Candidates are timed held (median_ms_held: 0.3 s turns,
+three each, ~7 s per problem), so the choice is the fastest at the clock it gets running alone.
+Timing runs the real op on the caller's tensors, into scratch outputs, so it never writes to the
+caller's outputs.
 """
 
 from __future__ import annotations
@@ -165,7 +166,7 @@ def tuned_config(spec, a, bk, d_dtype, num_sms: int) -> GemmConfig:
         # Held turns: each candidate at the clock its own power draw gets (call by call they
         # would share one and be chosen by cycles), and the turns in rounds cancel the card's
         # drift of 10-20% over seconds.
-        times = median_ms_held([functools.partial(run, cfg) for cfg in runnable], hold_s=0.2)
+        times = median_ms_held([functools.partial(run, cfg) for cfg in runnable], hold_s=0.3)
         best = runnable[min(range(len(runnable)), key=times.__getitem__)]
     with _lock:
         _load()[key] = asdict(best)
