@@ -161,12 +161,12 @@ def time_calls(ctx: Ctx, fn, n_sets: int = 1) -> dict:
     """Median time of ``fn(i)`` over ctx.iters calls after ctx.warmup, ``i`` cycling the input sets.
 
     For a measurement that stands alone (the ceiling, eager's fused ops, the TP variants); those
-    whose ratio is taken go through time_interleaved together, so that they see the same clocks.
+    whose ratio is taken go through time_side_by_side together, so that they see the same clocks.
     """
-    return time_interleaved(ctx, {"fn": fn}, n_sets)["fn"]
+    return time_side_by_side(ctx, {"fn": fn}, n_sets)["fn"]
 
 
-def time_interleaved(ctx: Ctx, fns: dict[str, Callable], n_sets: int = 1) -> dict[str, dict]:
+def time_side_by_side(ctx: Ctx, fns: dict[str, Callable], n_sets: int = 1) -> dict[str, dict]:
     """Time several functions side by side: held (time_held) when ctx.hold_s > 0, else call by
     call, round-robin: ctx.warmup untimed rounds, then ctx.iters rounds, each calling every fn
     once in order with the same input set ``i``. Returns, per name, what time_calls returns.
@@ -249,8 +249,8 @@ def with_tflops(timing: dict, flops: float) -> dict:
 
 
 def time_with_tflops(ctx: Ctx, fns: dict[str, Callable], n_sets: int, flops: float) -> dict:
-    """time_interleaved, with each fn's rate for ``flops`` per call."""
-    times = time_interleaved(ctx, fns, n_sets)
+    """time_side_by_side, with each fn's rate for ``flops`` per call."""
+    times = time_side_by_side(ctx, fns, n_sets)
     return {name: with_tflops(t, flops) for name, t in times.items()}
 
 
@@ -707,7 +707,7 @@ def mlp_builders(ctx: Ctx, act: str, h: int, w1: torch.Tensor, w2: torch.Tensor)
 def bench_mlp(ctx: Ctx, act: str, h: int, names) -> dict:
     """The named variants of one config. Each in turn is built, called once (first-call time, and
     a check against the first variant's outputs, the reference) and measured for peak memory; then
-    their timed steps run side by side (time_interleaved: held, each at its own clock, by
+    their timed steps run side by side (time_side_by_side: held, each at its own clock, by
     default)."""
     T, d = ctx.tokens, ctx.d_model
     f = fc1_features(act, h)

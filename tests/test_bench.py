@@ -135,7 +135,7 @@ def cpu_ctx(iters: int, warmup: int):
                      deadline=float("inf"))
 
 
-def test_time_interleaved_round_robin():
+def test_time_side_by_side_round_robin():
     """Each round calls every fn once, in order, on the same input set; warm-up rounds first;
     per fn the same result as time_calls."""
     from parallel_mlp import bench
@@ -143,7 +143,7 @@ def test_time_interleaved_round_robin():
     ctx = cpu_ctx(iters=5, warmup=2)
     calls = []
     fns = {name: (lambda i, name=name: calls.append((name, i))) for name in ("a", "b", "c")}
-    out = bench.time_interleaved(ctx, fns, n_sets=3)
+    out = bench.time_side_by_side(ctx, fns, n_sets=3)
 
     rounds = [i % 3 for i in range(2)] + [i % 3 for i in range(5)]  # warm-up, then timed
     assert calls == [(name, i) for i in rounds for name in ("a", "b", "c")]
@@ -155,14 +155,14 @@ def test_time_interleaved_round_robin():
         assert 0 <= res["min_ms"] <= res["ms"] <= res["max_ms"]
 
 
-def test_time_interleaved_times_each_fn_apart():
+def test_time_side_by_side_times_each_fn_apart():
     """A slow fn beside a fast one: each keeps its own time."""
     import time
 
     from parallel_mlp import bench
 
     ctx = cpu_ctx(iters=3, warmup=0)
-    out = bench.time_interleaved(ctx, {"slow": lambda i: time.sleep(0.02), "fast": lambda i: None})
+    out = bench.time_side_by_side(ctx, {"slow": lambda i: time.sleep(0.02), "fast": lambda i: None})
     assert out["slow"]["min_ms"] >= 15 and out["fast"]["ms"] < 10
 
 
@@ -176,7 +176,7 @@ def test_interleaved_failure_reaches_every_row():
         raise RuntimeError("boom")
 
     fns = {"cublas": lambda i: None, "ours": broken}
-    rows = bench.per_name(bench.attempt(ctx, "pair", bench.time_interleaved, ctx, fns), fns)
+    rows = bench.per_name(bench.attempt(ctx, "pair", bench.time_side_by_side, ctx, fns), fns)
     assert rows == {name: {"error": "RuntimeError: boom"} for name in ("cublas", "ours")}
 
 
@@ -198,7 +198,7 @@ def test_time_held_runs_each_fn_in_holds():
     def fast(i):
         order.append("fast")
 
-    out = bench.time_interleaved(ctx, {"slow": slow, "fast": fast})
+    out = bench.time_side_by_side(ctx, {"slow": slow, "fast": fast})
     # warm-up: one call of each; then two turns each, every turn a run of one fn's calls
     turns = [order[0]] + [b for a, b in zip(order, order[1:]) if a != b]
     assert turns == ["slow", "fast"] * 3
