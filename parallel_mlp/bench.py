@@ -158,10 +158,11 @@ def nbytes(*tensors: torch.Tensor) -> int:
 
 
 def time_calls(ctx: Ctx, fn, n_sets: int = 1) -> dict:
-    """Median time of ``fn(i)`` over ctx.iters calls after ctx.warmup, ``i`` cycling the input sets.
+    """The time of ``fn(i)``, ``i`` cycling the input sets: time_side_by_side of fn alone (held,
+    or the median of ctx.iters calls after ctx.warmup).
 
     For a measurement that stands alone (the ceiling, eager's fused ops, the TP variants); those
-    whose ratio is taken go through time_side_by_side together, so that they see the same clocks.
+    whose ratio is taken go through time_side_by_side together, so that the card's drift cancels.
     """
     return time_side_by_side(ctx, {"fn": fn}, n_sets)["fn"]
 
