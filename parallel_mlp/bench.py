@@ -940,7 +940,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="tiny shapes and few iterations; automatic when CUDA is absent")
     p.add_argument("--tp", action="store_true",
                    help="TP benchmark under torchrun: ParallelMLP vs a Megatron-like eager MLP")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.hold_s is not None and args.hold_s < 0:
+        p.error(f"--hold-s {args.hold_s:g}: must be >= 0 (0 times call by call)")
+    if args.rounds < 1:
+        p.error(f"--rounds {args.rounds}: must be >= 1")
+    return args
 
 
 def apply_defaults(args: argparse.Namespace) -> argparse.Namespace:

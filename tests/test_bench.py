@@ -207,3 +207,13 @@ def test_time_held_runs_each_fn_in_holds():
     slow_calls = order.count("slow") - 1
     assert 0 < out["slow"]["iters"] < slow_calls  # the settling part of each hold is left out
     assert out["slow"]["min_ms"] <= out["slow"]["ms"] <= out["slow"]["max_ms"]
+
+
+@pytest.mark.parametrize("argv,message", [(["--hold-s", "-1"], "--hold-s -1: must be >= 0"),
+                                          (["--rounds", "0"], "--rounds 0: must be >= 1")])
+def test_bad_timing_flags_are_refused(argv, message, capsys):
+    from parallel_mlp import bench
+
+    with pytest.raises(SystemExit):
+        bench.parse_args(argv)
+    assert message in capsys.readouterr().err
