@@ -29,6 +29,11 @@ TILE_K = 64
 PINGPONG_MAX_ACC_REGS = 192
 
 
+# The 128x192 pingpong tile is the default only where its padded N is at most this factor of a
+# 128-wide tile's (measured faster at N = 4096, which pads 3.1%).
+WIDE_TILE_MAX_PAD = 1.04
+
+
 @dataclass(frozen=True)
 class GemmConfig:
     tile_m: int = 128
@@ -185,8 +190,11 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
         # 128x192 per warpgroup (192 accumulators per thread): with the 2x1 cluster, 0.0091
         # operand elements read from L2 per MAC against 128x128's 0.0117. At the power cap the
         # time of a GEMM follows its energy, not its cycles: held on an H200 (bench_gemm), 25 of
-        # 27 MLP GEMMs ran 1-7% faster than at 128x128 (NOTES.md, session 5).
-        return GemmConfig(128, 192, cm, 1, 16, num_sms, consumers="pingpong", l2_prefetch=pf, **dact)
+        # 27 MLP GEMMs ran 1-7% faster than at 128x128 (NOTES.md, session 5), N = 4096 (3% of
+        # its 192-wide tiles padding) included. Where 192 would pad N much more than 128 does
+        # (N = 256: 50%), 128 it stays.
+        tn = 192 if -(-n // 192) * 192 <= WIDE_TILE_MAX_PAD * -(-n // 128) * 128 else 128
+        return GemmConfig(128, tn, cm, 1, 16, num_sms, consumers="pingpong", l2_prefetch=pf, **dact)
     if waves(128, 256) >= 2 or n > 128 and waves(128, 256) >= 1:
         return GemmConfig(128, 256, cm, 1, 8, num_sms, l2_prefetch=pf)
     if waves(128, 128) >= 1:

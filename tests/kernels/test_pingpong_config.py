@@ -67,5 +67,10 @@ def test_default_config_is_pingpong_at_big_shapes():
             assert cfg.l2_prefetch == (kind == "accumulate")
             # the dact alone takes the two-slot preact ring, with 16-column subtiles for 5 stages
             assert (cfg.dact_prefetch, cfg.epi_n) == ((2, 16) if kind == "dact" else (1, 32))
+    # a narrow N that 192-wide tiles would pad far more than 128-wide ones: 128x128
+    for n in (256, 640, 1000):
+        cfg = default_config(65536, n, 4096, 132, "store")
+        assert (cfg.consumers, cfg.tile_m, cfg.tile_n) == ("pingpong", 128, 128), n
+    assert default_config(65536, 384, 4096, 132, "store").tile_n == 192  # no padding at 192
     # fewer than two waves of 128x256 tiles: cooperative as before
     assert default_config(1024, 2048, 4096, 132, "store").consumers == "cooperative"
