@@ -46,5 +46,5 @@ def test_tile256_validation():
         GemmConfig(256, 256)
     with pytest.raises(ValueError, match=r"256-row tile is cooperative"):
         GemmConfig(256, 128, consumers="pingpong")
-    with pytest.raises(ValueError, match="tile_m=512: must be 64, 128 or 256"):
+    with pytest.raises(ValueError, match="tile_m=512: must be 64, 128, 192 or 256"):
         GemmConfig(512, 128)
