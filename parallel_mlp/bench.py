@@ -814,6 +814,9 @@ def section_compile(ctx: Ctx, results: dict) -> None:
 
 # Run in a fresh interpreter: import, build the MLP, one fwd+bwd; times are from the parent's
 # launch (PMLP_T0) so interpreter start and `import torch` count too, as a user sees them.
+# build "device": parameters made and initialised on the GPU, as Megatron and Nanotron build;
+# build "meta": on the meta device, then to_empty + init, as FSDP-style code does. torch's first
+# meta op imports its meta registrations and sympy (~0.3 s), whatever the backend.
 COLD_START_CHILD = r"""
 import json, os, sys, time
 t0 = float(os.environ["PMLP_T0"])
@@ -821,16 +824,17 @@ import torch
 t_torch = time.time() - t0
 import parallel_mlp
 t_import = time.time() - t0
-act, h, d, T, backend, device, dtype = sys.argv[1:8]
+act, h, d, T, backend, device, dtype, build = sys.argv[1:9]
 h, d, T, dtype = int(h), int(d), int(T), getattr(torch, dtype)
 if device.startswith("cuda"):
     torch.empty(1, device=device)  # the CUDA context, timed on its own
 t_cuda = time.time() - t0
-m = parallel_mlp.ParallelMLP(d, h, activation=act, backend=backend, device="meta", dtype=dtype)
-m = m.to_empty(device=device)
-with torch.no_grad():
-    for p in m.parameters():
-        p.normal_(0, d ** -0.5)
+if build == "meta":
+    m = parallel_mlp.ParallelMLP(d, h, activation=act, backend=backend, device="meta", dtype=dtype)
+    m = m.to_empty(device=device)
+    m.reset_parameters()
+else:
+    m = parallel_mlp.ParallelMLP(d, h, activation=act, backend=backend, device=device, dtype=dtype)
 x = torch.randn(T, d, device=device, dtype=dtype, requires_grad=True)
 dy = torch.randn(T, d, device=device, dtype=dtype)
 if device.startswith("cuda"):
@@ -858,8 +862,9 @@ print("PMLP_COLD_START " + json.dumps(dict(torch_import_s=t_torch, import_s=t_im
 
 
 def cold_start_once(ctx: Ctx, backend: str, act: str, h: int, timeout: float,
-                    profile: str | None = None) -> dict:
-    """One fresh interpreter; with `profile`, a cProfile of its first fwd+bwd is written there."""
+                    profile: str | None = None, build: str = "device") -> dict:
+    """One fresh interpreter; with `profile`, a cProfile of its first fwd+bwd is written there;
+    `build` is where the model is made ("device" or "meta", see COLD_START_CHILD)."""
     repo_root = str(Path(__file__).resolve().parent.parent)
     env = dict(os.environ, PMLP_T0=repr(time.time()))
     env.pop("PMLP_COLD_PROFILE", None)
@@ -868,7 +873,7 @@ def cold_start_once(ctx: Ctx, backend: str, act: str, h: int, timeout: float,
     env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_root, env.get("PYTHONPATH")) if p)
     dtype = str(ctx.dtype).removeprefix("torch.")
     argv = [sys.executable, "-c", COLD_START_CHILD, act, str(h), str(ctx.d_model),
-            str(ctx.tokens), backend, str(ctx.device), dtype]
+            str(ctx.tokens), backend, str(ctx.device), dtype, build]
     t0 = time.perf_counter()
     proc = subprocess.run(argv, env=env, cwd=repo_root, capture_output=True, text=True,
                           timeout=timeout, check=False)
@@ -882,7 +887,8 @@ def cold_start_once(ctx: Ctx, backend: str, act: str, h: int, timeout: float,
 
 def bench_cold_start(ctx: Ctx, backend: str) -> dict:
     """Twice: the first run may fill the on-disk kernel cache, the second is what a new training
-    process pays with the cache warm, and is the number reported."""
+    process pays with the cache warm, and is the number reported. Then once more with the model
+    built on the meta device, reported beside it (torch's meta setup is most of the difference)."""
     act, h = ctx.cold_start_config
     # PMLP_COLD_PROFILE_DIR=DIR: also write DIR/cold_start_<backend>.prof (cProfile of the warm
     # run's first fwd+bwd), to see where a new process spends its time.
@@ -892,8 +898,10 @@ def bench_cold_start(ctx: Ctx, backend: str) -> dict:
         timeout = max(10.0, min(180.0, ctx.time_left()))
         profile = str(Path(prof_dir) / f"cold_start_{backend}.prof") if prof_dir and i == 1 else None
         runs.append(cold_start_once(ctx, backend, act, h, timeout, profile))
+    timeout = max(10.0, min(180.0, ctx.time_left()))
+    meta = cold_start_once(ctx, backend, act, h, timeout, build="meta")
     return {"config": config_label(act, h), "backend": backend, "runs": runs,
-            "first_fwd_bwd_s": runs[-1]["first_fwd_bwd_s"]}
+            "first_fwd_bwd_s": runs[-1]["first_fwd_bwd_s"], "meta_build": meta}
 
 
 def section_cold_start(ctx: Ctx, results: dict) -> None:

@@ -245,8 +245,8 @@ def _cold_start_lines(results: dict, notes: Notes) -> list[str]:
     cold = results.get("cold_start")
     if not cold:
         return []
-    title = ("Cold start (new process to its first fwd+bwd, 2nd run, kernel cache warm; "
-             "target <= 2 s)")
+    title = ("Cold start (new process to its first fwd+bwd, model built on the GPU, 2nd run, "
+             "kernel cache warm; target <= 2 s)")
     lines = ["", title]
     targets = results.get("targets", [])
     for backend, m in cold.items():
@@ -258,9 +258,11 @@ def _cold_start_lines(results: dict, notes: Notes) -> list[str]:
             steps = [("torch", "torch_import_s"), ("import", "import_s"), ("CUDA ctx", "cuda_init_s"),
                      ("ready", "ready_s"), ("fwd", "first_fwd_s")]
             marks = ", ".join(f"{label} {num(last[k])}" for label, k in steps if k in last)
+            meta = m.get("meta_build")
+            meta_note = f"; built on meta {num(meta['first_fwd_bwd_s'])} s" if meta else ""
             lines.append(f"  {backend:6s} {m['config']}: {num(m['first_fwd_bwd_s'])} s "
                          f"({marks}; fwd+bwd alone {num(last['first_fwd_bwd_s'] - last['ready_s'])} s; "
-                         f"1st run {num(m['runs'][0]['first_fwd_bwd_s'])} s) {s}")
+                         f"1st run {num(m['runs'][0]['first_fwd_bwd_s'])} s{meta_note}) {s}")
         else:
             lines.append(f"  {backend:6s} {notes.cell(m, 'first_fwd_bwd_s')}")
     return lines

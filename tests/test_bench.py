@@ -120,11 +120,12 @@ def test_cold_start_alone_with_its_breakdown_and_profile(tmp_path):
     data = json.loads(out.read_text())
     assert "gemms" not in data and "mlp" not in data
     steps = ("torch_import_s", "import_s", "cuda_init_s", "ready_s", "first_fwd_s", "first_fwd_bwd_s")
-    for run in data["cold_start"]["torch"]["runs"]:
+    cold = data["cold_start"]["torch"]
+    for run in cold["runs"] + [cold["meta_build"]]:
         stamps = [run[k] for k in steps]
         assert all(positive(t) for t in stamps) and stamps == sorted(stamps), run
     assert (tmp_path / "cold_start_torch.prof").stat().st_size > 0
-    assert "fwd+bwd alone" in proc.stdout
+    assert "fwd+bwd alone" in proc.stdout and "built on meta" in proc.stdout
 
 
 def cpu_ctx(iters: int, warmup: int):
