@@ -33,6 +33,14 @@ PINGPONG_MAX_ACC_REGS = 192
 # 128-wide tile's (measured faster at N = 4096, which pads 3.1%).
 WIDE_TILE_MAX_PAD = 1.04
 
+# From this K up, big GEMMs other than the dact take cooperative 128x256 tiles (2x1 cluster): the
+# least operand traffic per MAC we have (0.0078 elements from L2, n256 WGMMAs reading the least
+# shared memory), while the epilogue it cannot overlap is a small share of a tile's time once K
+# is long. Held on an H200 (NOTES.md, session 6), against pingpong 128x192: fc2 and dx (K 7168 to
+# 28672) 3-5% faster, dW1 (K 8192) 1.5-3%; at K = 4096 the plain dy@W2 was even and the dact
+# 3-4% slower.
+COOPERATIVE_MIN_K = 6144
+
 
 @dataclass(frozen=True)
 class GemmConfig:
@@ -160,7 +168,10 @@ class GemmConfig:
 def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind: str = "store") -> GemmConfig:
     """Pick a config for an (M, N, K) problem and an epilogue kind without timing anything.
 
-    With two or more waves of 128x256 tiles (every GEMM of an MLP at T=8192): pingpong consumers
+    With two or more waves of 128x256 tiles and K >= COOPERATIVE_MIN_K (fc2, dx and the wgrads
+    of an MLP at T=8192), except for the dact: cooperative 128x256, 2x1 cluster, raster group 16.
+
+    Other shapes with two or more waves (fc1, dy@W2 and its dact at d=4096): pingpong consumers
     with a 2x1 cluster and raster group 16; one warpgroup's epilogue then runs under the other's
     mainloop. The warpgroup tile is 128x192 since session 5 (below), 128x128 before. Timed call
     by call against the cooperative 128x256 default on an H200 (kernels/NOTES.md, session 3):
@@ -180,6 +191,10 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
 
     pf = kind == "accumulate"
     cm = 2 if m >= 2048 else 1
+    # act takes the same choice as store: recompute replays fc1's act GEMM as a plain one and
+    # relies on the same config giving the same bits.
+    if waves(128, 256) >= 2 and k >= COOPERATIVE_MIN_K and kind != "dact":
+        return GemmConfig(128, 256, cm, 1, 16, num_sms, l2_prefetch=pf)
     if waves(128, 256) >= 2:
         # The dact's two preact slots per warpgroup, both filled at the tile's start, hide its
         # preact load behind the other warpgroup's mainloop; 16-column subtiles keep 5 stages

@@ -473,17 +473,19 @@ def test_dact_in_place_fp16(act):
     check(got[0], ref_dpre, A.backward(preact, dy @ w2)[0], f"in-place fp16 {act}")
 
 
-# The default config for two or more waves of 128x256 tiles is pingpong 128x128 with a 2x1
-# cluster and raster group 16 (store, accumulate, act); these shapes reach it with tails in
-# M, N and K, through the ops' own config choice.
+# The default config for two or more waves of 128x256 tiles is pingpong 128x192 with a 2x1
+# cluster and raster group 16, or from K = COOPERATIVE_MIN_K up (not for the dact) cooperative
+# 128x256; these shapes reach both with tails in M, N and K, through the ops' own config choice.
 BIG_TAILED = (4104, 1000, 4200)  # (M, K, N): 33 x 17 tiles of 128x256 on 132 SMs; M a multiple of 8 (col-major a)
+BIG_LONG_K = (4104, 6200, 4200)  # the same with K past COOPERATIVE_MIN_K
 
 
+@pytest.mark.parametrize("shape", [BIG_TAILED, BIG_LONG_K])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_default_big_gemm_and_accumulate(dtype):
+def test_default_big_gemm_and_accumulate(dtype, shape):
     from parallel_mlp.kernels import ops
 
-    m, k, n = BIG_TAILED
+    m, k, n = shape
     a = operand(m, k, "row", dtype, k ** -0.5)
     b = operand(k, n, "col", dtype)
     check(ops.gemm(a, b), a.float() @ b.float(), a @ b, "default big gemm")
@@ -495,13 +497,14 @@ def test_default_big_gemm_and_accumulate(dtype):
     check(acc, base + 2 * (at.float() @ b.float()), base + 2 * (at @ b).float(), "default big accumulate")
 
 
+@pytest.mark.parametrize("shape", [BIG_TAILED, BIG_LONG_K])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("act", ["swiglu", "gelu_tanh_approx", "relu_sq"])
-def test_default_big_gemm_act_and_recompute_bits(act, bias):
+def test_default_big_gemm_act_and_recompute_bits(act, bias, shape):
     from parallel_mlp.kernels import ops
 
     A = ACTIVATIONS[act]
-    m, k, n = BIG_TAILED
+    m, k, n = shape
     x = operand(m, k, "row", torch.bfloat16, k ** -0.5)
     w = operand(n, k, "row", torch.bfloat16)
     b1 = (torch.randn(n, device="cuda") * 0.5).to(torch.bfloat16) if bias else None

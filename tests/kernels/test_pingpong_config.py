@@ -60,7 +60,7 @@ def test_selfcheck_compiles_pingpong_variants():
 def test_default_config_is_pingpong_at_big_shapes():
     from parallel_mlp.kernels.config import default_config
 
-    for m, n, k in [(8192, 28672, 4096), (8192, 4096, 14336), (4096, 14336, 8192), (4100, 4200, 1000)]:
+    for m, n, k in [(8192, 28672, 4096), (8192, 14336, 4096), (4100, 4200, 1000), (8192, 4096, 6143)]:
         for kind in ("store", "accumulate", "act", "dact"):
             cfg = default_config(m, n, k, 132, kind)
             assert (cfg.consumers, cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.raster_group) == ("pingpong", 128, 192, 2, 16)
@@ -74,3 +74,33 @@ def test_default_config_is_pingpong_at_big_shapes():
     assert default_config(65536, 384, 4096, 132, "store").tile_n == 192  # no padding at 192
     # fewer than two waves of 128x256 tiles: cooperative as before
     assert default_config(1024, 2048, 4096, 132, "store").consumers == "cooperative"
+
+
+def test_default_config_is_cooperative_128x256_at_long_k():
+    """From K = COOPERATIVE_MIN_K up, big store / accumulate / act GEMMs (fc2, dx, the wgrads)
+    take cooperative 128x256 tiles with a 2x1 cluster; the dact keeps its pingpong config."""
+    from parallel_mlp.kernels.config import COOPERATIVE_MIN_K, default_config
+
+    for m, n, k in [(8192, 4096, 14336), (8192, 4096, 28672), (4096, 14336, 8192),
+                    (28672, 4096, 8192), (8192, 4096, COOPERATIVE_MIN_K)]:
+        for kind in ("store", "accumulate", "act"):
+            cfg = default_config(m, n, k, 132, kind)
+            assert (cfg.consumers, cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.raster_group) == \
+                ("cooperative", 128, 256, 2, 16), (m, n, k, kind)
+            assert cfg.l2_prefetch == (kind == "accumulate")
+        dact = default_config(m, n, k, 132, "dact")
+        assert (dact.consumers, dact.tile_n, dact.dact_prefetch) == ("pingpong", 192, 2)
+
+
+def test_recompute_replays_fc1_with_the_act_gemms_config():
+    """Recompute replays fc1's gemm_act as a plain GEMM and needs its bits: for every shape the
+    store and act kinds must choose the same tile, cluster, raster and consumers."""
+    from parallel_mlp.kernels.config import default_config
+
+    fields = ("tile_m", "tile_n", "cluster_m", "cluster_n", "raster_group", "consumers", "scheduler")
+    for m in (64, 1000, 4104, 8192, 65536):
+        for n in (256, 1000, 4096, 14336, 28672):
+            for k in (256, 4096, 6144, 8192, 28672):
+                store = default_config(m, n, k, 132, "store")
+                act = default_config(m, n, k, 132, "act")
+                assert [getattr(store, f) for f in fields] == [getattr(act, f) for f in fields], (m, n, k)
