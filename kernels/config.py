@@ -165,18 +165,44 @@ class GemmConfig:
 
 
 @functools.lru_cache(maxsize=4096)  # on every launch's path; a pure function of its arguments
+def is_big(m: int, n: int, num_sms: int = DEFAULT_NUM_SMS) -> bool:
+    """Two or more waves of 128x256 tiles: every GEMM of an MLP at T=8192."""
+    return -(-m // 128) * -(-n // 256) >= 2 * num_sms
+
+
+def big_pingpong_config(m: int, n: int, num_sms: int = DEFAULT_NUM_SMS, kind: str = "store") -> GemmConfig:
+    """The pingpong config of a big GEMM (``is_big``): 2x1 cluster, raster group 16, one
+    warpgroup's epilogue running under the other's mainloop.
+
+    Its warpgroup tile is 128x192 (192 accumulators per thread): with the 2x1 cluster, 0.0091
+    operand elements read from L2 per MAC against 128x128's 0.0117. At the power cap the time of
+    a GEMM follows its energy, not its cycles: held on an H200 (bench_gemm), 25 of 27 MLP GEMMs
+    ran 1-7% faster than at 128x128 (NOTES.md, session 5). Where 192 would pad N much more than
+    128 does (N = 256: 50%), 128 it stays.
+
+    The dact's two preact slots per warpgroup, both filled at the tile's start, hide its preact
+    load behind the other warpgroup's mainloop; 16-column subtiles keep 5 stages beside them.
+    On an H200 (swiglu dy@W2), call by call: 2.4% faster at h=7168, 2.3% at h=14336; either
+    change alone is neutral or slower. Held, at 128x192 and h=7168: 1.13x the time of cuBLAS's
+    plain GEMM against 1.17x with one slot (NOTES.md, session 5).
+    """
+    dact = dict(dact_prefetch=2, epi_n=16) if kind == "dact" else {}
+    tn = 192 if -(-n // 192) * 192 <= WIDE_TILE_MAX_PAD * -(-n // 128) * 128 else 128
+    return GemmConfig(128, tn, 2 if m >= 2048 else 1, 1, 16, num_sms, consumers="pingpong",
+                      l2_prefetch=kind == "accumulate", **dact)
+
+
 def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind: str = "store") -> GemmConfig:
     """Pick a config for an (M, N, K) problem and an epilogue kind without timing anything.
 
-    With two or more waves of 128x256 tiles and K >= COOPERATIVE_MIN_K (fc2, dx and the wgrads
-    of an MLP at T=8192), except for the dact: cooperative 128x256, 2x1 cluster, raster group 16.
+    Big GEMMs (``is_big``) with K >= COOPERATIVE_MIN_K (fc2, dx and the wgrads of an MLP at
+    T=8192), except the dact: cooperative 128x256, 2x1 cluster, raster group 16.
 
-    Other shapes with two or more waves (fc1, dy@W2 and its dact at d=4096): pingpong consumers
-    with a 2x1 cluster and raster group 16; one warpgroup's epilogue then runs under the other's
-    mainloop. The warpgroup tile is 128x192 since session 5 (below), 128x128 before. Timed call
-    by call against the cooperative 128x256 default on an H200 (kernels/NOTES.md, session 3):
-    fc1 + swiglu 7% faster, plain and accumulate GEMMs 2-5%, dx even. The dact joined once its epilogue smem shrank enough for 5 A/B stages (a 128x128
-    pingpong tile at 3 stages runs 32% slower than at 5).
+    Other big GEMMs (fc1, dy@W2 and its dact at d=4096): ``big_pingpong_config``. Pingpong
+    timed call by call against the cooperative 128x256 default on an H200 (kernels/NOTES.md,
+    session 3): fc1 + swiglu 7% faster, plain and accumulate GEMMs 2-5%, dx even. The dact
+    joined once its epilogue smem shrank enough for 5 A/B stages (a 128x128 pingpong tile at 3
+    stages runs 32% slower than at 5).
 
     The accumulate (fp32 main-grad) epilogue gets the L2 prefetch of its D tile: 0.5-1.4%
     faster on the MLP's wgrad shapes (interleaved). The dact does not: its preact prefetch
@@ -191,26 +217,13 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
 
     pf = kind == "accumulate"
     cm = 2 if m >= 2048 else 1
-    # act takes the same choice as store: recompute replays fc1's act GEMM as a plain one and
-    # relies on the same config giving the same bits.
-    if waves(128, 256) >= 2 and k >= COOPERATIVE_MIN_K and kind != "dact":
-        return GemmConfig(128, 256, cm, 1, 16, num_sms, l2_prefetch=pf)
-    if waves(128, 256) >= 2:
-        # The dact's two preact slots per warpgroup, both filled at the tile's start, hide its
-        # preact load behind the other warpgroup's mainloop; 16-column subtiles keep 5 stages
-        # beside them. On an H200 (swiglu dy@W2), call by call: 2.4% faster at h=7168, 2.3% at
-        # h=14336; either change alone is neutral or slower. Held, at 128x192 and h=7168: 1.13x
-        # the time of cuBLAS's plain GEMM against 1.17x with one slot (NOTES.md, session 5).
-        dact = dict(dact_prefetch=2, epi_n=16) if kind == "dact" else {}
-        # 128x192 per warpgroup (192 accumulators per thread): with the 2x1 cluster, 0.0091
-        # operand elements read from L2 per MAC against 128x128's 0.0117. At the power cap the
-        # time of a GEMM follows its energy, not its cycles: held on an H200 (bench_gemm), 25 of
-        # 27 MLP GEMMs ran 1-7% faster than at 128x128 (NOTES.md, session 5), N = 4096 (3% of
-        # its 192-wide tiles padding) included. Where 192 would pad N much more than 128 does
-        # (N = 256: 50%), 128 it stays.
-        tn = 192 if -(-n // 192) * 192 <= WIDE_TILE_MAX_PAD * -(-n // 128) * 128 else 128
-        return GemmConfig(128, tn, cm, 1, 16, num_sms, consumers="pingpong", l2_prefetch=pf, **dact)
-    if waves(128, 256) >= 2 or n > 128 and waves(128, 256) >= 1:
+    if is_big(m, n, num_sms):
+        # act takes the same choice as store: recompute replays fc1's act GEMM as a plain one
+        # and relies on the same config giving the same bits.
+        if k >= COOPERATIVE_MIN_K and kind != "dact":
+            return GemmConfig(128, 256, cm, 1, 16, num_sms, l2_prefetch=pf)
+        return big_pingpong_config(m, n, num_sms, kind)
+    if n > 128 and waves(128, 256) >= 1:
         return GemmConfig(128, 256, cm, 1, 8, num_sms, l2_prefetch=pf)
     if waves(128, 128) >= 1:
         return GemmConfig(128, 128, 1, 1, 8, num_sms, l2_prefetch=pf)

@@ -20,7 +20,7 @@ from dataclasses import asdict
 import torch
 
 from .compile import cache_dir
-from .config import TUNE_CANDIDATES, GemmConfig, default_config
+from .config import TUNE_CANDIDATES, GemmConfig, big_pingpong_config, default_config, is_big
 
 _lock = threading.Lock()
 _choices: dict | None = None
@@ -147,12 +147,14 @@ def tuned_config(spec, a, bk, d_dtype, num_sms: int) -> GemmConfig:
         if key in choices:
             return GemmConfig(**choices[key])
     default = default_config(m, n, k, num_sms, spec.kind)
-    # The default competes too: it may be a config the candidate list does not hold (pingpong),
-    # and so does the default with a 128x128 pingpong tile (the default before 128x192).
+    # The default competes too: it may be a config the candidate list does not hold (pingpong).
+    # On big shapes so do the pingpong config (the default below COOPERATIVE_MIN_K) and its
+    # 128x128 tile (the default before 128x192).
     candidates = [default] + [dataclasses.replace(c, num_sms=num_sms, l2_prefetch=default.l2_prefetch)
                               for c in TUNE_CANDIDATES]
-    if default.consumers == "pingpong" and default.tile_n != 128:
-        candidates.append(dataclasses.replace(default, tile_n=128))
+    if is_big(m, n, num_sms):
+        pingpong = big_pingpong_config(m, n, num_sms, spec.kind)
+        candidates += [pingpong, dataclasses.replace(pingpong, tile_n=128)]
     run = _candidate_runner(spec, a, bk.t(), d_dtype)
     runnable = []
     for cfg in dict.fromkeys(candidates):
