@@ -1,0 +1,51 @@
+"""tuned=True's candidate list (kernels/tuning.py), with the timing replaced: which configs
+compete, that the fastest is kept, and that a later call reuses it from disk without timing."""
+
+import pytest
+
+pytest.importorskip("cutlass")
+
+import torch
+
+
+@pytest.fixture
+def tuning(tmp_path, monkeypatch):
+    from parallel_mlp.kernels import tuning
+
+    monkeypatch.setenv("PARALLEL_MLP_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(tuning, "_choices", None)
+    return tuning
+
+
+def fake_timing(tuning, monkeypatch, fastest):
+    """Candidates 'run' without a GPU; the one equal to `fastest` times quickest."""
+    seen = []
+    monkeypatch.setattr(tuning, "_candidate_runner", lambda *a: seen.append)
+    monkeypatch.setattr(tuning, "median_ms_held",
+                        lambda fns, **kw: [0.5 if f.args[0] == fastest else 1.0 for f in fns])
+    return seen
+
+
+@pytest.mark.parametrize("k", [4096, 14336])
+def test_big_shapes_time_the_pingpong_and_cooperative_configs(tuning, monkeypatch, k):
+    from parallel_mlp.kernels.config import big_pingpong_config, default_config
+    from parallel_mlp.kernels.epilogue_spec import EpilogueSpec
+
+    m, n = 8192, 4096
+    spec = EpilogueSpec("store")
+    a = torch.empty(m, k, dtype=torch.bfloat16)
+    bk = torch.empty(n, k, dtype=torch.bfloat16)
+    pingpong = big_pingpong_config(m, n, 132, "store")
+    seen = fake_timing(tuning, monkeypatch, fastest=pingpong)
+    chosen = tuning.tuned_config(spec, a, bk, torch.bfloat16, 132)
+    default = default_config(m, n, k, 132, "store")
+    assert default in seen and pingpong in seen
+    assert any(c.consumers == "pingpong" and c.tile_n == 128 for c in seen)
+    assert any(c.consumers == "cooperative" and c.tile_n == 256 for c in seen)
+    assert len(seen) == len(set(seen))  # each candidate timed once
+    assert chosen == pingpong
+
+    # kept on disk: a new process (empty in-memory table) reuses it without timing anything
+    monkeypatch.setattr(tuning, "_choices", None)
+    seen.clear()
+    assert tuning.tuned_config(spec, a, bk, torch.bfloat16, 132) == pingpong and not seen
