@@ -1009,9 +1009,16 @@ def run_metadata(args: argparse.Namespace, ctx: Ctx) -> dict:
         meta["kernel_cache_dir"] = None
     try:
         repo = Path(__file__).resolve().parent.parent
-        meta["git"] = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
-                                     capture_output=True, text=True, timeout=5,
-                                     check=False).stdout.strip()
+
+        def git(*args):
+            return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                                  timeout=5, check=False).stdout.strip()
+
+        # "+changes" when tracked files differ from HEAD: a copied working tree (as on a lent GPU
+        # host) may carry an older .git than the code it runs.
+        head = git("rev-parse", "--short", "HEAD")
+        dirty = head and git("status", "--porcelain", "--untracked-files=no")
+        meta["git"] = f"{head}+changes" if dirty else head
     except Exception:  # noqa: BLE001
         meta["git"] = None
     return meta
