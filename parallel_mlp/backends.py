@@ -43,6 +43,46 @@ def _mm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a.float() @ b.float()
 
 
+_FP32_ADDMM_WORKS: dict[tuple[int, torch.dtype], bool] = {}  # by (CUDA device index, operand dtype)
+
+
+def fp32_addmm_works(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Whether this torch on this device has the fp32-output addmm of `dtype` operands (cuBLAS,
+    beta = 1, C = D: how Megatron and Transformer Engine accumulate main_grad) and it adds up
+    right, checked once per device and dtype on a small case against the fp32 product. While a CUDA graph
+    is being captured the check cannot run (it synchronizes): False for that call, unchecked."""
+    if device.type != "cuda":
+        return False
+    key = (device.index if device.index is not None else torch.cuda.current_device(), dtype)
+    if key not in _FP32_ADDMM_WORKS:
+        if torch.cuda.is_current_stream_capturing():
+            return False
+        _FP32_ADDMM_WORKS[key] = _check_fp32_addmm(torch.device("cuda", key[0]), dtype)
+    return _FP32_ADDMM_WORKS[key]
+
+
+def _check_fp32_addmm(device: torch.device, dtype: torch.dtype) -> bool:
+    g = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(64, 96, device=device, generator=g).to(dtype)
+    b = torch.randn(96, 32, device=device, generator=g).to(dtype)
+    out = torch.randn(64, 32, device=device, generator=g)
+    want = out + a.float() @ b.float()
+    try:
+        torch.addmm(out, a, b, out_dtype=torch.float32, out=out)
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+    return bool(((out - want).abs().max() <= 1e-3 * want.abs().max()).item())
+
+
+def _accumulate_fp32(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out += a @ b for an fp32 out: one addmm writing fp32 in place where it works (no product
+    tensor: at a 28672x4096 main_grad that is 470 MB written and read again), else the fp32
+    product, then add_."""
+    if a.dtype in (torch.bfloat16, torch.float16) and a.dtype == b.dtype and fp32_addmm_works(out.device, a.dtype):
+        return torch.addmm(out, a, b, out_dtype=torch.float32, out=out)
+    return out.add_(_mm_fp32(a, b))
+
+
 class TorchBackend:
     """cuBLAS/CPU matmul plus the reference activation math (computed in fp32)."""
 
@@ -53,8 +93,9 @@ class TorchBackend:
         if accumulate:
             if out is None:
                 raise ValueError("gemm(accumulate=True) needs out= to accumulate into")
-            out.add_(_mm_fp32(a, b) if out.dtype == torch.float32 else a @ b)
-            return out
+            if out.dtype == torch.float32:
+                return _accumulate_fp32(a, b, out)
+            return out.add_(a @ b)
         dtype = out_dtype or (out.dtype if out is not None else a.dtype)
         result = _mm_fp32(a, b).to(dtype) if dtype == torch.float32 else (a @ b).to(dtype)
         if out is None:

@@ -50,7 +50,7 @@ from torch import nn
 
 from . import bench_report
 from .activations import get_activation
-from .backends import TorchBackend, resolve
+from .backends import TorchBackend, fp32_addmm_works, resolve
 from .layer import ParallelMLP
 from .params import split_gate_up
 from .timing import hold, settled
@@ -345,26 +345,16 @@ def make_operand(ctx: Ctx, rows: int, cols: int, transposed: bool) -> torch.Tens
 
 
 def cublas_accumulate_fn(ctx: Ctx):
-    """How cuBLAS accumulates into an fp32 main grad from torch: one addmm with beta=1 and an fp32
-    output where this torch has it (what Megatron/TE do), else the reference backend's
-    mm-then-add. Probed once on a small case and checked against the reference."""
+    """How cuBLAS accumulates into an fp32 main grad from torch, which is what the torch backend
+    does: one addmm with beta=1 and an fp32 output where this torch has it (as Megatron/TE do),
+    else mm-then-add (backends.fp32_addmm_works)."""
 
-    def addmm_fp32(a, b, out):
-        return torch.addmm(out, a, b, out_dtype=torch.float32, out=out)
-
-    def mm_then_add(a, b, out):
+    def accumulate(a, b, out):
         return TorchBackend.gemm(a, b, out=out, accumulate=True)
 
-    a, b = ctx.rand(64, 96), ctx.rand(96, 32)
-    base = torch.randn(64, 32, device=ctx.device)
-    want = base + a.float() @ b.float()
-    try:
-        got = addmm_fp32(a, b, base.clone())
-        if rel_err(got, want) < 1e-2:
-            return "addmm(beta=1, out_dtype=fp32)", addmm_fp32
-    except Exception:  # noqa: BLE001 - not in this torch/device; fall back
-        pass
-    return "mm(out_dtype=fp32) + add_", mm_then_add
+    if fp32_addmm_works(ctx.device, ctx.dtype):
+        return "addmm(beta=1, out_dtype=fp32)", accumulate
+    return "mm(out_dtype=fp32) + add_", accumulate
 
 
 def bench_gemm(ctx: Ctx, case: GemmCase, accumulate_fn) -> dict:

@@ -31,6 +31,29 @@ def test_gemm_accumulates_bf16_products_in_fp32():
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 
 
+def test_fp32_addmm_is_only_taken_where_it_was_checked():
+    """The one-addmm main-grad path is a CUDA path (cuBLAS with an fp32 output); on the CPU the
+    probe says no and accumulation goes through the fp32 product (the test above)."""
+    assert backends.fp32_addmm_works(torch.device("cpu"), torch.bfloat16) is False
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gemm_accumulates_in_place_on_cuda(dtype):
+    """On CUDA, with or without the fp32-output addmm, out += a @ b in fp32, in place, for the
+    wgrad layout (a a transposed view), and an odd shape."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randn(1001, 515, device="cuda", generator=g).to(dtype).t()
+    b = torch.randn(1001, 77, device="cuda", generator=g).to(dtype)
+    main_grad = torch.randn(515, 77, device="cuda", generator=g)
+    want = main_grad.double() + a.double() @ b.double()
+    got = TorchBackend.gemm(a, b, out=main_grad, accumulate=True)
+    assert got is main_grad and got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-4)
+    print("fp32 addmm path:", backends.fp32_addmm_works(main_grad.device, dtype))
+
+
 def test_gemm_accumulate_needs_out():
     with pytest.raises(ValueError, match="accumulate=True"):
         TorchBackend.gemm(torch.randn(2, 2), torch.randn(2, 2), accumulate=True)

@@ -6,7 +6,8 @@
 #   bash tools/gpu_run.sh STEP [STEP ...]  in order; a device call may run 600 s at most, and
 #                                         tests_kernels alone compiles ~300 kernels (~6 min):
 #     tests_kernels  GPU tests of the kernels (incl. pingpong, dynamic, in-place dact)
-#     tests_layer    ParallelMLP on cute vs the fp64 reference, recompute, main_grad (~1 min)
+#     tests_layer    ParallelMLP on cute vs the fp64 reference, recompute, main_grad, and
+#                    the torch backend's CUDA paths (~1 min)
 #     tests_all      both of the above as 8 concurrent pytest shards (tools/pytest_shards.py):
 #                    compiling is most of their time and the host has 16 cores
 #     prefetch     the L2 prefetch option's GPU tests, and dact / accumulate timed with and
@@ -40,8 +41,8 @@ export PARALLEL_MLP_CACHE_DIR=${PARALLEL_MLP_CACHE_DIR:-/tmp/pmlp_cache}
 
 declare -A CMD=(
   [tests_kernels]="timeout 540 python3 -m pytest -q -m gpu tests/kernels -k 'not selfcheck' -x"
-  [tests_layer]="timeout 150 python3 -m pytest -q -m gpu tests/test_layer_gpu.py -x"
-  [tests_all]="timeout 540 python3 tools/pytest_shards.py 8 -m gpu tests/kernels tests/test_layer_gpu.py -k 'not selfcheck'"
+  [tests_layer]="timeout 150 python3 -m pytest -q -m gpu tests/test_layer_gpu.py tests/test_backends.py -x"
+  [tests_all]="timeout 540 python3 tools/pytest_shards.py 8 -m gpu tests/kernels tests/test_layer_gpu.py tests/test_backends.py -k 'not selfcheck'"
   [prefetch]="timeout 240 python3 -m pytest -q -m gpu tests/kernels/test_l2_prefetch_gpu.py -x; for h in 14336 7168; do timeout 120 python3 -m parallel_mlp.kernels.bench_gemm --h \$h --only dpost,dW1,dW2 --also l2_prefetch=1 --also l2_prefetch=1,dact_prefetch=2; done"
   [epi16]="timeout 200 python3 tools/pytest_shards.py 12 -m gpu tests/kernels/test_epi16_gpu.py; for h in 7168 14336; do timeout 120 python3 -m parallel_mlp.kernels.bench_gemm --h \$h --only dpost --also dact_prefetch=2,epi_n=16 --also epi_n=16 --also dact_prefetch=2; done; timeout 150 python3 -m parallel_mlp.kernels.bench_gemm --only fc1,fc2,dx,dW2,dW1 --also tile_m=256,tile_n=128,cluster_m=1,cluster_n=2,raster_group=8,consumers=cooperative,l2_prefetch=0,epi_n=16 --also epi_n=16"
   [tiles192]="timeout 150 python3 tools/pytest_shards.py 14 -m gpu tests/kernels/test_tile192_gpu.py; for a in '--h 14336' '--h 7168'; do timeout 140 python3 -m parallel_mlp.kernels.bench_gemm \$a --also tile_n=128 --also tile_m=192,tile_n=128,cluster_m=1,cluster_n=2,epi_n=16 --also raster_group=8; done"
