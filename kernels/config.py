@@ -30,7 +30,8 @@ PINGPONG_MAX_ACC_REGS = 192
 
 
 # The 128x192 pingpong tile is the default only where its padded N is at most this factor of a
-# 128-wide tile's (measured faster at N = 4096, which pads 3.1%).
+# 128-wide tile's. N = 4096 pads 3.1%: held, 1.5% faster than 128x128 in session 5 and even in
+# session 6 (at long K it is cooperative 128x256 now, below).
 WIDE_TILE_MAX_PAD = 1.04
 
 # From this K up, big GEMMs other than the dact take cooperative 128x256 tiles (2x1 cluster): the
@@ -38,7 +39,7 @@ WIDE_TILE_MAX_PAD = 1.04
 # shared memory), while the epilogue it cannot overlap is a small share of a tile's time once K
 # is long. Held on an H200 (NOTES.md, session 6), against pingpong 128x192: fc2 and dx (K 7168 to
 # 28672) 3-5% faster, dW1 (K 8192) 1.5-3%; at K = 4096 the plain dy@W2 was even and the dact
-# 3-4% slower.
+# 2-7% slower.
 COOPERATIVE_MIN_K = 6144
 
 
