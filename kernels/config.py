@@ -165,7 +165,6 @@ class GemmConfig:
         )
 
 
-@functools.lru_cache(maxsize=4096)  # on every launch's path; a pure function of its arguments
 def is_big(m: int, n: int, num_sms: int = DEFAULT_NUM_SMS) -> bool:
     """Two or more waves of 128x256 tiles: every GEMM of an MLP at T=8192."""
     return -(-m // 128) * -(-n // 256) >= 2 * num_sms
@@ -193,6 +192,7 @@ def big_pingpong_config(m: int, n: int, num_sms: int = DEFAULT_NUM_SMS, kind: st
                       l2_prefetch=kind == "accumulate", **dact)
 
 
+@functools.lru_cache(maxsize=4096)  # on every launch's path; a pure function of its arguments
 def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind: str = "store") -> GemmConfig:
     """Pick a config for an (M, N, K) problem and an epilogue kind without timing anything.
 

@@ -104,3 +104,10 @@ def test_recompute_replays_fc1_with_the_act_gemms_config():
                 store = default_config(m, n, k, 132, "store")
                 act = default_config(m, n, k, 132, "act")
                 assert [getattr(store, f) for f in fields] == [getattr(act, f) for f in fields], (m, n, k)
+
+
+def test_default_config_is_cached():
+    """default_config runs on every launch: it is memoized (a pure function of its arguments)."""
+    from parallel_mlp.kernels.config import default_config
+
+    assert default_config(8192, 4096, 14336, 132, "store") is default_config(8192, 4096, 14336, 132, "store")
