@@ -43,6 +43,25 @@ WIDE_TILE_MAX_PAD = 1.04
 COOPERATIVE_MIN_K = 6144
 
 
+# L2 cache-policy operands of the TMA copies (the 64-bit encodings CUTLASS's CacheHintSm90 names
+# EVICT_NORMAL / EVICT_FIRST / EVICT_LAST). Without one the DSL emits every TMA copy with
+# `.L2::cache_hint` and a policy of 0, which createpolicy never produces.
+L2_EVICT_NORMAL = 0x1000000000000000
+L2_EVICT_FIRST = 0x12F0000000000000
+L2_EVICT_LAST = 0x14F0000000000000
+
+# GemmConfig.cache_hints -> (A/B operand loads, epilogue loads, epilogue stores); None: the
+# DSL's default operand (0).
+CACHE_HINTS = {
+    "none": (None, None, None),
+    "normal": (L2_EVICT_NORMAL, L2_EVICT_NORMAL, L2_EVICT_NORMAL),
+    # Epilogue traffic streams through L2 once (the dact's preact in, dpreact and postact out:
+    # 1.2 GB a call at h=14336) beside A/B tiles that other CTAs read again: let it go first.
+    "stream": (L2_EVICT_NORMAL, L2_EVICT_FIRST, L2_EVICT_FIRST),
+    "keep": (L2_EVICT_LAST, L2_EVICT_FIRST, L2_EVICT_FIRST),
+}
+
+
 @dataclass(frozen=True)
 class GemmConfig:
     tile_m: int = 128
@@ -83,6 +102,10 @@ class GemmConfig:
     # A/B stages beside it, or a second preact slot per pingpong warpgroup), at twice the
     # subtiles (TMA stores and barriers) per tile.
     epi_n: int = 32
+    # The L2 eviction policy of the TMA copies, by CACHE_HINTS: "none" (the DSL's policy operand
+    # of 0 on every copy), "normal", "stream" (epilogue traffic evict-first) or "keep" (A/B tiles
+    # evict-last as well). Not yet measured; the default stays "none".
+    cache_hints: str = "none"
 
     def __post_init__(self):
         if self.tile_m not in (64, 128, 192, 256):
@@ -136,6 +159,8 @@ class GemmConfig:
                     f"{PINGPONG_MAX_ACC_REGS} (e.g. 128x128, 64x256 or 128x192)"
                 )
 
+        if self.cache_hints not in CACHE_HINTS:
+            raise ValueError(f"cache_hints={self.cache_hints!r}: must be one of {sorted(CACHE_HINTS)}")
         if self.epi_n not in (16, 32):
             raise ValueError(f"epi_n={self.epi_n}: must be 16 or 32")
         if not 2 <= self.max_stages <= 8:
@@ -159,6 +184,7 @@ class GemmConfig:
         l2 = "_l2pf" if self.l2_prefetch else ""
         st = "" if self.max_stages == 8 else f"_st{self.max_stages}"
         st += "" if self.epi_n == 32 else f"_e{self.epi_n}"
+        st += "" if self.cache_hints == "none" else f"_l2{self.cache_hints}"
         return (
             f"t{self.tile_m}x{self.tile_n}_c{self.cluster_m}x{self.cluster_n}"
             f"_g{self.raster_group}_sm{self.num_sms}{sched}{cons}{pf}{l2}{st}"

@@ -47,7 +47,7 @@ from cutlass.cute.nvgpu import cpasync
 from cutlass.cute.runtime import make_fake_tensor
 
 from . import mainloop, tile_scheduler
-from .config import TILE_K, GemmConfig
+from .config import CACHE_HINTS, TILE_K, GemmConfig
 from .epilogue import Epilogue
 from .epilogue_spec import EpilogueSpec
 
@@ -434,6 +434,7 @@ class PersistentGemmSm90:
                         # the L2 prefetch of this tile's epilogue input (tma_f None: none)
                         tma_f, gF[(None, tc[0], None, 0)] if cutlass.const_expr(gF is not None) else None,
                         tc[1] * num_sub, num_sub,
+                        self._policy(0),
                     )
                     sched.advance_to_next_work()
                     work = sched.get_current_work()
@@ -704,8 +705,14 @@ class PersistentGemmSm90:
             cute.arch.mbarrier_arrive_and_expect_tx(ep.l_mbar + slot, l_bytes)
         cute.copy(
             ep.tma["L"], ep.gmem["L"][(None, tc[0], tc[1] * num_sub + e, 0)], ep.smem["L"][(None, slot)],
-            tma_bar_ptr=ep.l_mbar + slot,
+            tma_bar_ptr=ep.l_mbar + slot, cache_policy=self._policy(1),
         )
+
+    def _policy(self, which: int):
+        """The L2 policy operand of config.cache_hints for A/B loads (0), epilogue loads (1) or
+        epilogue stores (2): a constant Int64, or None for the DSL's default."""
+        value = CACHE_HINTS[self.cfg.cache_hints][which]
+        return None if value is None else cutlass.Int64(value)
 
     @cute.jit
     def _epilogue_tile(
@@ -764,9 +771,11 @@ class PersistentGemmSm90:
                 sn = tc[1] * num_sub + e
                 for c in ("D", "P", "H", "X"):
                     if cutlass.const_expr(c == self.dpre):
-                        cute.copy(ep.tma[c], ep.smem[c][(None, lslot)], ep.gmem[c][(None, sm, sn, 0)])
+                        cute.copy(ep.tma[c], ep.smem[c][(None, lslot)], ep.gmem[c][(None, sm, sn, 0)],
+                                  cache_policy=self._policy(2))
                     elif cutlass.const_expr(has[c]):
-                        cute.copy(ep.tma[c], ep.smem[c][(None, buf)], ep.gmem[c][(None, sm, sn, 0)])
+                        cute.copy(ep.tma[c], ep.smem[c][(None, buf)], ep.gmem[c][(None, sm, sn, 0)],
+                                  cache_policy=self._policy(2))
                 store_pipeline.producer_commit()
                 if cutlass.const_expr(drain_last and e + 1 == num_sub):
                     # Hand the shared buffers over empty: every store of this tile has read smem.
