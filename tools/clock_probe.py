@@ -9,8 +9,9 @@ more shared-memory traffic per FLOP). Two kernels can then differ in time while 
 number of cycles. This runs each workload back to back for --seconds, in turn, for --rounds,
 sampling the SM clock and power through NVML in a thread, and prints per workload: ms per call,
 MHz, W, and kilocycles per call (ms x MHz), the part of the time that is the kernel's own.
-Each --also adds our plain dy@W2 at the default config with those GemmConfig fields replaced
-(as bench_gemm's --also), to see what a tile or cluster shape does to the clock.
+Each --also adds our plain dy@W2 and its dact at their default configs with those GemmConfig
+fields replaced (as bench_gemm's --also), to see what a tile, a cluster shape or an L2 policy
+does to the clock.
 
 --mlp ACT:H runs whole MLP training steps instead (T=8192, d=4096, the bench's models and
 train_step): PyTorch eager, ours, ours with recompute (and torch.compile with --compile), each
@@ -90,6 +91,9 @@ def workloads(h: int, T: int = 8192, d: int = 4096, act: str = "swiglu", also=()
     for fields in also:
         cfg = dataclasses.replace(default_config(T, h, d), **fields)
         work[f"ours dy@W2 {_label(fields)}"] = (2 * T * h * d, lambda cfg=cfg: ops.gemm(dy, w2, config=cfg))
+        dcfg = dataclasses.replace(default_config(T, h, d, kind="dact"), **fields)
+        work[f"ours dy@W2+dact {_label(fields)}"] = (
+            2 * T * h * d, lambda cfg=dcfg: ops.gemm_dact(dy, w2, pre, act, config=cfg))
     return work
 
 
@@ -124,7 +128,7 @@ def main(argv=None) -> int:
     p.add_argument("--seconds", type=float, default=2.0)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--also", action="append", default=[], metavar="FIELD=VALUE[,FIELD=VALUE]",
-                   help="also our plain dy@W2 with these GemmConfig fields replaced; repeatable")
+                   help="also our plain dy@W2 and its dact with these GemmConfig fields replaced; repeatable")
     p.add_argument("--mlp", default=None, metavar="ACT:H",
                    help="time MLP training steps (eager, ours, ours recompute) instead of GEMMs")
     p.add_argument("--compile", action="store_true", help="with --mlp: torch.compile's step too")
