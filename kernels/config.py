@@ -102,10 +102,12 @@ class GemmConfig:
     # A/B stages beside it, or a second preact slot per pingpong warpgroup), at twice the
     # subtiles (TMA stores and barriers) per tile.
     epi_n: int = 32
-    # The L2 eviction policy of the TMA copies, by CACHE_HINTS: "none" (the DSL's policy operand
-    # of 0 on every copy), "normal", "stream" (epilogue traffic evict-first) or "keep" (A/B tiles
-    # evict-last as well). Not yet measured; the default stays "none".
-    cache_hints: str = "none"
+    # The L2 eviction policy of the TMA copies, by CACHE_HINTS: "normal" (EVICT_NORMAL on every
+    # copy, as CUTLASS C++ passes by default), "none" (the DSL's undocumented operand of 0),
+    # "stream" (epilogue traffic evict-first) or "keep" (A/B tiles evict-last as well). Held on an
+    # H200 (NOTES.md, session 7), "normal" ran 11 of 13 MLP GEMMs 0.5-1.8% faster than "none"
+    # and the clock probe even; "stream" and "keep" slowed the dact 1-3%.
+    cache_hints: str = "normal"
 
     def __post_init__(self):
         if self.tile_m not in (64, 128, 192, 256):
@@ -184,7 +186,7 @@ class GemmConfig:
         l2 = "_l2pf" if self.l2_prefetch else ""
         st = "" if self.max_stages == 8 else f"_st{self.max_stages}"
         st += "" if self.epi_n == 32 else f"_e{self.epi_n}"
-        st += "" if self.cache_hints == "none" else f"_l2{self.cache_hints}"
+        st += "" if self.cache_hints == "normal" else f"_l2{self.cache_hints}"
         return (
             f"t{self.tile_m}x{self.tile_n}_c{self.cluster_m}x{self.cluster_n}"
             f"_g{self.raster_group}_sm{self.num_sms}{sched}{cons}{pf}{l2}{st}"

@@ -21,8 +21,8 @@
 #                  beside cooperative 128x256 c2x1 (raster group 16 and 8) and pingpong 128x128,
 #                  at swiglu h=14336, h=7168 and gelu_tanh_approx h=16384 (~4 min)
 #     hints        GemmConfig(cache_hints=...): its GPU tests (bitwise twins), then held, at
-#                  the default beside cache_hints normal / stream / keep: every GEMM at
-#                  h=14336, dy@W2 (+dact) and dW2 at h=7168; and clock_probe's MHz / W (~8 min)
+#                  the default ("normal") beside cache_hints none / stream / keep: every GEMM
+#                  at h=14336, dy@W2 (+dact) and dW2 at h=7168; and clock_probe's MHz / W (~4 min)
 #     bench_gemm   the six GEMMs + fused ops vs cuBLAS, h=14336 and h=7168
 #     sweep        the tuning candidates at raster groups 8 and 16 on the three biggest GEMMs,
 #                  and every GEMM with pingpong 128x128 c2x1 g16 / cooperative g16 beside it
@@ -50,7 +50,7 @@ declare -A CMD=(
   [epi16]="timeout 200 python3 tools/pytest_shards.py 12 -m gpu tests/kernels/test_epi16_gpu.py; for h in 7168 14336; do timeout 120 python3 -m parallel_mlp.kernels.bench_gemm --h \$h --only dpost --also dact_prefetch=2,epi_n=16 --also epi_n=16 --also dact_prefetch=2; done; timeout 150 python3 -m parallel_mlp.kernels.bench_gemm --only fc1,fc2,dx,dW2,dW1 --also tile_m=256,tile_n=128,cluster_m=1,cluster_n=2,raster_group=8,consumers=cooperative,l2_prefetch=0,epi_n=16 --also epi_n=16"
   [tiles192]="timeout 150 python3 tools/pytest_shards.py 14 -m gpu tests/kernels/test_tile192_gpu.py; for a in '--h 14336' '--h 7168'; do timeout 140 python3 -m parallel_mlp.kernels.bench_gemm \$a --also tile_n=128 --also tile_m=192,tile_n=128,cluster_m=1,cluster_n=2,epi_n=16 --also raster_group=8; done"
   [largek]="coop=consumers=cooperative,tile_n=256,dact_prefetch=1,epi_n=32; for a in '--h 14336' '--h 7168' '--h 16384 --act gelu_tanh_approx'; do timeout 150 python3 -m parallel_mlp.kernels.bench_gemm \$a --only fc2,dx,dW1,dpost --also \$coop --also \$coop,raster_group=8 --also tile_n=128; done"
-  [hints]="timeout 150 python3 tools/pytest_shards.py 12 -m gpu tests/kernels/test_cache_hints_gpu.py; timeout 170 python3 -m parallel_mlp.kernels.bench_gemm --h 14336 --also cache_hints=normal --also cache_hints=stream --also cache_hints=keep; timeout 100 python3 -m parallel_mlp.kernels.bench_gemm --h 7168 --only dpost,dW2 --also cache_hints=normal --also cache_hints=stream --also cache_hints=keep; timeout 120 python3 tools/clock_probe.py --h 14336 --also cache_hints=normal --also cache_hints=stream"
+  [hints]="timeout 150 python3 tools/pytest_shards.py 12 -m gpu tests/kernels/test_cache_hints_gpu.py; timeout 170 python3 -m parallel_mlp.kernels.bench_gemm --h 14336 --also cache_hints=none --also cache_hints=stream --also cache_hints=keep; timeout 100 python3 -m parallel_mlp.kernels.bench_gemm --h 7168 --only dpost,dW2 --also cache_hints=none --also cache_hints=stream --also cache_hints=keep; timeout 120 python3 tools/clock_probe.py --h 14336 --also cache_hints=none --also cache_hints=stream"
   [bench_gemm]="timeout 120 python3 -m parallel_mlp.kernels.bench_gemm && timeout 90 python3 -m parallel_mlp.kernels.bench_gemm --h 7168"
   [sweep]="timeout 300 python3 -m parallel_mlp.kernels.bench_gemm --sweep --only fc1,dx,dW1 --groups 8,16; timeout 200 python3 -m parallel_mlp.kernels.bench_gemm --also consumers=pingpong,tile_n=128,raster_group=16 --also raster_group=16"
   [mlp]="timeout 200 python3 -m parallel_mlp.bench --only mlp --skip-compile --skip-cold-start --iters 15 --warmup 3 --budget-s 170 --json $OUT/mlp.json"

@@ -11,8 +11,10 @@ pytest.importorskip("cutlass")
 def test_cache_hints_values_and_key():
     from parallel_mlp.kernels.config import CACHE_HINTS, GemmConfig
 
-    assert GemmConfig().cache_hints == "none" and GemmConfig().key == "t128x256_c1x1_g8_sm132"
+    # "normal" is the default and keeps the plain names; the others name themselves.
+    assert GemmConfig().cache_hints == "normal" and GemmConfig().key == "t128x256_c1x1_g8_sm132"
     assert GemmConfig(cache_hints="stream").key == "t128x256_c1x1_g8_sm132_l2stream"
+    assert GemmConfig(cache_hints="none").key == "t128x256_c1x1_g8_sm132_l2none"
     assert len({GemmConfig(cache_hints=h).key for h in CACHE_HINTS}) == len(CACHE_HINTS)
     with pytest.raises(ValueError, match="cache_hints='first'.*must be one of"):
         GemmConfig(cache_hints="first")
@@ -28,20 +30,24 @@ def _policies(ptx: str) -> dict[str, set[int]]:
     return found
 
 
-@pytest.mark.parametrize("hints", ["none", "stream"])
+@pytest.mark.parametrize("hints", ["default", "none", "stream"])
 def test_cache_hints_reach_the_tma_copies(hints, monkeypatch):
-    """"none" leaves the DSL's policy operand (0) on every copy; "stream" puts EVICT_NORMAL on
-    the A/B loads and EVICT_FIRST on the epilogue's preact loads and its stores."""
+    """The default puts EVICT_NORMAL on every copy; "none" leaves the DSL's policy operand (0);
+    "stream" puts EVICT_NORMAL on the A/B loads and EVICT_FIRST on the epilogue's preact loads
+    and its stores."""
     monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
     from parallel_mlp.kernels.compile import KernelKey, compile_kernel
     from parallel_mlp.kernels.config import L2_EVICT_FIRST, L2_EVICT_NORMAL, GemmConfig
     from parallel_mlp.kernels.epilogue_spec import EpilogueSpec
 
-    cfg = GemmConfig(128, 128, 1, 1, 8, consumers="pingpong", cache_hints=hints)
+    extra = {} if hints == "default" else {"cache_hints": hints}
+    cfg = GemmConfig(128, 128, 1, 1, 8, consumers="pingpong", **extra)
     key = KernelKey(EpilogueSpec("dact", "relu"), cfg, "bfloat16", "row", "col", "bfloat16")
     ptx = compile_kernel(key, keep_ptx=True).artifacts.PTX
     found = _policies(ptx.decode() if isinstance(ptx, bytes) else ptx)
-    if hints == "none":
+    if hints == "default":
+        assert found == {"load": {L2_EVICT_NORMAL}, "store": {L2_EVICT_NORMAL}}
+    elif hints == "none":
         assert found == {"load": {0}, "store": {0}}
     else:
         assert found == {"load": {L2_EVICT_NORMAL, L2_EVICT_FIRST}, "store": {L2_EVICT_FIRST}}
