@@ -22,6 +22,8 @@ import functools
 
 import torch
 
+from parallel_mlp.timing import DEFAULT_HOLD_S
+
 from .tuning import host_us_per_call, median_ms_held, median_ms_interleaved
 
 
@@ -53,7 +55,7 @@ def main(argv=None):
         help="time another column of ours with these GemmConfig fields replaced on the config ours "
         "picks (e.g. l2_prefetch=1, dact_prefetch=2); repeatable",
     )
-    p.add_argument("--hold-s", type=float, default=0.5,
+    p.add_argument("--hold-s", type=float, default=DEFAULT_HOLD_S,
                    help="each function runs back to back this long per turn, 3 turns (its own "
                    "clock, as in training); 0: call by call, round-robin (one shared clock: "
                    "compares cycles, not time)")

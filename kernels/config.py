@@ -104,9 +104,10 @@ class GemmConfig:
     epi_n: int = 32
     # The L2 eviction policy of the TMA copies, by CACHE_HINTS: "normal" (EVICT_NORMAL on every
     # copy, as CUTLASS C++ passes by default), "none" (the DSL's undocumented operand of 0),
-    # "stream" (epilogue traffic evict-first) or "keep" (A/B tiles evict-last as well). Held on an
-    # H200 (NOTES.md, session 7), "normal" ran 11 of 13 MLP GEMMs 0.5-1.8% faster than "none"
-    # and the clock probe even; "stream" and "keep" slowed the dact 1-3%.
+    # "stream" (epilogue traffic evict-first) or "keep" (A/B tiles evict-last as well). Held 2 s
+    # on an H200 (clock_probe, NOTES.md session 7), "normal" and "none" ran dy@W2 and its dact
+    # at the same time; "stream" slowed the dact 1.2%. "normal" is the default because it is
+    # the documented policy, not for speed.
     cache_hints: str = "normal"
 
     def __post_init__(self):

@@ -2,8 +2,9 @@
 
 The choice is keyed by (variant, dtypes, operand majorness, M, N, K, SM count) and kept in
 ``$PARALLEL_MLP_CACHE_DIR/tune-v2.json`` (default ``~/.cache/parallel_mlp``); later calls and
-later processes reuse it without timing. Candidates are timed held (median_ms_held: 0.3 s turns,
-three each, ~7 s per problem), so the choice is the fastest at the clock it gets running alone.
+later processes reuse it without timing. Candidates are timed held (median_ms_held: turns of
+timing.DEFAULT_HOLD_S, three each, ~30 s per problem), so the choice is the fastest at the clock it
+gets running alone; shorter turns measured the card's clock swing rather than the candidates.
 Timing runs the real op on the caller's tensors, into scratch outputs, so it never writes to the
 caller's outputs.
 """
@@ -83,14 +84,17 @@ def median_ms_interleaved(fns, reps=10, warmup=1):
     return out
 
 
-def median_ms_held(fns, hold_s=0.5, rounds=3, warmup=1):
+def median_ms_held(fns, hold_s=None, rounds=3, warmup=1):
     """Median times (ms) of several functions, each held: run back to back for `hold_s` in turn,
     for `rounds` turns (parallel_mlp.timing). Each then runs at the clock its own power draw
     allows, as in training, where median_ms_interleaved gives them one shared clock and so
-    compares cycles. A function's time is the median over its turns of each turn's median."""
+    compares cycles. A function's time is the median over its turns of each turn's median.
+    `hold_s` defaults to timing.DEFAULT_HOLD_S."""
     import statistics
 
-    from parallel_mlp.timing import hold, settled
+    from parallel_mlp.timing import DEFAULT_HOLD_S, hold, settled
+
+    hold_s = DEFAULT_HOLD_S if hold_s is None else hold_s
 
     for _ in range(warmup):
         for fn in fns:
@@ -168,7 +172,7 @@ def tuned_config(spec, a, bk, d_dtype, num_sms: int) -> GemmConfig:
         # Held turns: each candidate at the clock its own power draw gets (call by call they
         # would share one and be chosen by cycles), and the turns in rounds cancel the card's
         # drift of 10-20% over seconds.
-        times = median_ms_held([functools.partial(run, cfg) for cfg in runnable], hold_s=0.3)
+        times = median_ms_held([functools.partial(run, cfg) for cfg in runnable])
         best = runnable[min(range(len(runnable)), key=times.__getitem__)]
     with _lock:
         _load()[key] = asdict(best)

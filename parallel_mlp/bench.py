@@ -53,7 +53,7 @@ from .activations import get_activation
 from .backends import TorchBackend, fp32_addmm_works, resolve
 from .layer import ParallelMLP
 from .params import split_gate_up
-from .timing import hold, settled
+from .timing import DEFAULT_HOLD_S, hold, settled
 
 DEFAULT_CONFIGS = "swiglu:14336,swiglu:7168,gelu_tanh_approx:16384"
 # Tiny shapes for --dry-run: every code path, seconds on a CPU. Sizes stay multiples of 64 so the
@@ -955,7 +955,7 @@ def apply_defaults(args: argparse.Namespace) -> argparse.Namespace:
         log("no CUDA device: running the CPU dry run (tiny shapes, torch backend)")
         args.dry_run = True
     base = DRY_RUN if args.dry_run else dict(tokens=8192, d_model=4096, configs=DEFAULT_CONFIGS,
-                                             iters=30, warmup=5, ceiling_size=8192, hold_s=1.0)
+                                             iters=30, warmup=5, ceiling_size=8192, hold_s=DEFAULT_HOLD_S)
     for key, value in base.items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)

@@ -33,7 +33,12 @@
 #     clock        tools/clock_probe.py: ms, SM clock, power and cycles per call (power-bound?)
 #     full         the whole parallel_mlp.bench (GEMMs, fused, MLP, cold start, torch.compile)
 #     ncu          ncu on profile_cases (five GEMMs; needs the Firecracker runtime's ncu)
+#     position     three columns of the same kernel held in turn (dy@W2 +dact / plain, fc2, dx):
+#                  any spread between them is the timing protocol's, not the kernels' (~1 min)
 #   bash tools/gpu_run.sh --list          print the commands, run nothing
+#
+# bench_gemm holds each column 1 s per turn since session 7 (timing.DEFAULT_HOLD_S; 0.5 s turns
+# measured the card's clock swing): its steps take about twice as long as their notes say.
 #
 # Each step runs under `timeout` and appends to $OUT/<step>.txt; a failing step does not stop
 # the others. The DSL and torch are byte-compiled first, as a pip install would leave them.
@@ -46,21 +51,22 @@ declare -A CMD=(
   [tests_kernels]="timeout 540 python3 -m pytest -q -m gpu tests/kernels -k 'not selfcheck' -x"
   [tests_layer]="timeout 150 python3 -m pytest -q -m gpu tests/test_layer_gpu.py tests/test_backends.py -x"
   [tests_all]="timeout 540 python3 tools/pytest_shards.py 8 -m gpu tests/kernels tests/test_layer_gpu.py tests/test_backends.py -k 'not selfcheck'"
-  [prefetch]="timeout 240 python3 -m pytest -q -m gpu tests/kernels/test_l2_prefetch_gpu.py -x; for h in 14336 7168; do timeout 120 python3 -m parallel_mlp.kernels.bench_gemm --h \$h --only dpost,dW1,dW2 --also l2_prefetch=1 --also l2_prefetch=1,dact_prefetch=2; done"
-  [epi16]="timeout 200 python3 tools/pytest_shards.py 12 -m gpu tests/kernels/test_epi16_gpu.py; for h in 7168 14336; do timeout 120 python3 -m parallel_mlp.kernels.bench_gemm --h \$h --only dpost --also dact_prefetch=2,epi_n=16 --also epi_n=16 --also dact_prefetch=2; done; timeout 150 python3 -m parallel_mlp.kernels.bench_gemm --only fc1,fc2,dx,dW2,dW1 --also tile_m=256,tile_n=128,cluster_m=1,cluster_n=2,raster_group=8,consumers=cooperative,l2_prefetch=0,epi_n=16 --also epi_n=16"
-  [tiles192]="timeout 150 python3 tools/pytest_shards.py 14 -m gpu tests/kernels/test_tile192_gpu.py; for a in '--h 14336' '--h 7168'; do timeout 140 python3 -m parallel_mlp.kernels.bench_gemm \$a --also tile_n=128 --also tile_m=192,tile_n=128,cluster_m=1,cluster_n=2,epi_n=16 --also raster_group=8; done"
-  [largek]="coop=consumers=cooperative,tile_n=256,dact_prefetch=1,epi_n=32; for a in '--h 14336' '--h 7168' '--h 16384 --act gelu_tanh_approx'; do timeout 150 python3 -m parallel_mlp.kernels.bench_gemm \$a --only fc2,dx,dW1,dpost --also \$coop --also \$coop,raster_group=8 --also tile_n=128; done"
-  [hints]="timeout 150 python3 tools/pytest_shards.py 12 -m gpu tests/kernels/test_cache_hints_gpu.py; timeout 170 python3 -m parallel_mlp.kernels.bench_gemm --h 14336 --also cache_hints=none --also cache_hints=stream --also cache_hints=keep; timeout 100 python3 -m parallel_mlp.kernels.bench_gemm --h 7168 --only dpost,dW2 --also cache_hints=none --also cache_hints=stream --also cache_hints=keep; timeout 120 python3 tools/clock_probe.py --h 14336 --also cache_hints=none --also cache_hints=stream"
-  [bench_gemm]="timeout 120 python3 -m parallel_mlp.kernels.bench_gemm && timeout 90 python3 -m parallel_mlp.kernels.bench_gemm --h 7168"
-  [sweep]="timeout 300 python3 -m parallel_mlp.kernels.bench_gemm --sweep --only fc1,dx,dW1 --groups 8,16; timeout 200 python3 -m parallel_mlp.kernels.bench_gemm --also consumers=pingpong,tile_n=128,raster_group=16 --also raster_group=16"
+  [prefetch]="timeout 240 python3 -m pytest -q -m gpu tests/kernels/test_l2_prefetch_gpu.py -x; for h in 14336 7168; do timeout 240 python3 -m parallel_mlp.kernels.bench_gemm --h \$h --only dpost,dW1,dW2 --also l2_prefetch=1 --also l2_prefetch=1,dact_prefetch=2; done"
+  [epi16]="timeout 200 python3 tools/pytest_shards.py 12 -m gpu tests/kernels/test_epi16_gpu.py; for h in 7168 14336; do timeout 240 python3 -m parallel_mlp.kernels.bench_gemm --h \$h --only dpost --also dact_prefetch=2,epi_n=16 --also epi_n=16 --also dact_prefetch=2; done; timeout 300 python3 -m parallel_mlp.kernels.bench_gemm --only fc1,fc2,dx,dW2,dW1 --also tile_m=256,tile_n=128,cluster_m=1,cluster_n=2,raster_group=8,consumers=cooperative,l2_prefetch=0,epi_n=16 --also epi_n=16"
+  [tiles192]="timeout 150 python3 tools/pytest_shards.py 14 -m gpu tests/kernels/test_tile192_gpu.py; for a in '--h 14336' '--h 7168'; do timeout 280 python3 -m parallel_mlp.kernels.bench_gemm \$a --also tile_n=128 --also tile_m=192,tile_n=128,cluster_m=1,cluster_n=2,epi_n=16 --also raster_group=8; done"
+  [largek]="coop=consumers=cooperative,tile_n=256,dact_prefetch=1,epi_n=32; for a in '--h 14336' '--h 7168' '--h 16384 --act gelu_tanh_approx'; do timeout 300 python3 -m parallel_mlp.kernels.bench_gemm \$a --only fc2,dx,dW1,dpost --also \$coop --also \$coop,raster_group=8 --also tile_n=128; done"
+  [hints]="timeout 150 python3 tools/pytest_shards.py 12 -m gpu tests/kernels/test_cache_hints_gpu.py; timeout 340 python3 -m parallel_mlp.kernels.bench_gemm --h 14336 --also cache_hints=none --also cache_hints=stream --also cache_hints=keep; timeout 200 python3 -m parallel_mlp.kernels.bench_gemm --h 7168 --only dpost,dW2 --also cache_hints=none --also cache_hints=stream --also cache_hints=keep; timeout 120 python3 tools/clock_probe.py --h 14336 --also cache_hints=none --also cache_hints=stream"
+  [bench_gemm]="timeout 240 python3 -m parallel_mlp.kernels.bench_gemm && timeout 180 python3 -m parallel_mlp.kernels.bench_gemm --h 7168"
+  [sweep]="timeout 560 python3 -m parallel_mlp.kernels.bench_gemm --sweep --only fc1,dx,dW1 --groups 8,16; timeout 400 python3 -m parallel_mlp.kernels.bench_gemm --also consumers=pingpong,tile_n=128,raster_group=16 --also raster_group=16"
   [mlp]="timeout 200 python3 -m parallel_mlp.bench --only mlp --skip-compile --skip-cold-start --iters 15 --warmup 3 --budget-s 170 --json $OUT/mlp.json"
   [profile]="timeout 200 python3 -m parallel_mlp.profile_step && timeout 150 python3 -m parallel_mlp.profile_step --h 7168 && timeout 60 python3 -m parallel_mlp.kernels.host_overhead"
   [cold]="timeout 120 python3 -m parallel_mlp.bench --only cold-start --json $OUT/cold.json"
   [clock]="timeout 120 python3 tools/clock_probe.py --h 7168 && timeout 150 python3 tools/clock_probe.py --h 14336"
+  [position]="timeout 200 python3 -m parallel_mlp.kernels.bench_gemm --h 14336 --only dpost,fc2,dx --also cache_hints=normal --also cache_hints=normal"
   [full]="timeout 570 python3 -m parallel_mlp.bench --budget-s 420 --json $OUT/bench.json"
   [ncu]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 5 --launch-count 5 --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis python3 -m parallel_mlp.kernels.profile_cases"
 )
-ORDER=(tests_kernels tests_layer tests_all prefetch epi16 tiles192 largek hints bench_gemm sweep mlp profile cold clock full ncu)
+ORDER=(tests_kernels tests_layer tests_all prefetch epi16 tiles192 largek hints position bench_gemm sweep mlp profile cold clock full ncu)
 
 steps=("$@")
 if [ ${#steps[@]} -eq 0 ]; then
