@@ -17,6 +17,7 @@ import logging
 
 import torch
 
+from . import fused_act
 from .activations import get_activation
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,8 @@ def _accumulate_fp32(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> tor
 
 
 class TorchBackend:
-    """cuBLAS/CPU matmul plus the reference activation math (computed in fp32)."""
+    """cuBLAS/CPU matmul plus the reference activation math (computed in fp32; one fused kernel
+    on CUDA, see fused_act)."""
 
     name = "torch"
 
@@ -106,16 +108,21 @@ class TorchBackend:
     def gemm_act(a, b, activation, bias=None, store_preact=True):
         act = get_activation(activation)
         preact = a @ b if bias is None else torch.addmm(bias, a, b)
-        width = preact.shape[1] // 2 if act.gated else preact.shape[1]
-        postact = preact.new_empty(preact.shape[0], width)
-        for rows in _row_chunks(preact):
-            postact[rows] = act.forward(preact[rows])
+        postact = fused_act.forward(act, preact)
+        if postact is None:
+            width = preact.shape[1] // 2 if act.gated else preact.shape[1]
+            postact = preact.new_empty(preact.shape[0], width)
+            for rows in _row_chunks(preact):
+                postact[rows] = act.forward(preact[rows])
         return (preact if store_preact else None), postact
 
     @staticmethod
     def gemm_dact(a, b, preact, activation):
         act = get_activation(activation)
         dpostact = a @ b
+        fused = fused_act.backward(act, preact, dpostact)
+        if fused is not None:
+            return fused
         dpreact = torch.empty_like(preact)
         postact = torch.empty_like(dpostact)
         for rows in _row_chunks(preact):
@@ -123,7 +130,7 @@ class TorchBackend:
         return dpreact, postact
 
 
-# The activation math runs in fp32 with several temporaries per element; doing it a block of
+# Unfused, the activation math runs in fp32 with several temporaries per element; doing it a block of
 # rows at a time keeps that working set to ~256 MB instead of several times the whole tensor.
 _CHUNK_ELEMENTS = 1 << 26
 

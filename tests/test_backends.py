@@ -118,3 +118,32 @@ def test_row_chunking_gives_the_same_bits(name, monkeypatch):
     chunked = TorchBackend.gemm_act(a, b, name), TorchBackend.gemm_dact(dy, w2, a @ b, name)
     for got, want in zip(sum(chunked, ()), sum(whole, ())):
         assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", ["swiglu", "gelu_tanh_approx"])
+def test_activation_is_fused_on_cuda_by_default(name, monkeypatch):
+    """On CUDA the torch backend evaluates the activation as one compiled kernel (fused_act):
+    within a bf16 unit of the unfused formulas, with the backward's recomputed postact equal
+    to the forward's to the bit; a tail shape."""
+    from parallel_mlp import fused_act
+
+    monkeypatch.delenv(fused_act.ENV, raising=False)
+    monkeypatch.setattr(fused_act, "_compiled", {})
+    F = 2 * 136 if reference.is_gated(name) else 136
+    g = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randn(1000, 72, device="cuda", generator=g).bfloat16()
+    w1 = torch.randn(72, F, device="cuda", generator=g).bfloat16()
+    dy = torch.randn(1000, 40, device="cuda", generator=g).bfloat16()
+    w2 = torch.randn(40, 136, device="cuda", generator=g).bfloat16()
+    pre, post = TorchBackend.gemm_act(a, w1, name)
+    dpre, post_again = TorchBackend.gemm_dact(dy, w2, pre, name)
+    assert fused_act._compiled.get((name, "forward")) is not None
+    assert fused_act._compiled.get((name, "backward")) is not None
+    assert torch.equal(post_again, post)
+    monkeypatch.setenv(fused_act.ENV, "0")
+    _, want_post = TorchBackend.gemm_act(a, w1, name)
+    want_dpre, _ = TorchBackend.gemm_dact(dy, w2, pre, name)
+    for got, want in ((post, want_post), (dpre, want_dpre)):
+        torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-4)
