@@ -126,3 +126,28 @@ def test_a_failed_compile_warns_once_and_falls_back(fuse, monkeypatch, caplog):
     # The backend still answers, unfused.
     _, post = TorchBackend.gemm_act(preact, torch.eye(preact.shape[1]).bfloat16(), act.name)
     torch.testing.assert_close(post, act.forward(preact), rtol=0, atol=0)
+
+
+@needs_cxx
+@pytest.mark.parametrize("mode", ["0", "1"])
+def test_torch_compile_of_a_model_around_it(fuse, mode):
+    """Users compile their whole model: ParallelMLP inside torch.compile gives the eager module's
+    output and gradients, with the activation compiled on its own (1) or not (0)."""
+    from parallel_mlp import ParallelMLP
+
+    fuse(mode)
+    torch.manual_seed(0)
+    mlp = ParallelMLP(64, 96, activation="swiglu", dtype=torch.bfloat16)
+    x = torch.randn(2, 37, 64, dtype=torch.bfloat16, requires_grad=True)
+
+    def step(module):
+        x.grad = None
+        mlp.zero_grad()
+        y = module(x)
+        y.float().square().sum().backward()
+        return y.detach(), x.grad.clone(), mlp.fc1.weight.grad.clone(), mlp.fc2.weight.grad.clone()
+
+    want = step(mlp)
+    got = step(torch.compile(mlp))
+    for g, w in zip(got, want):
+        _within_one_ulp(g, w)
