@@ -1,7 +1,7 @@
 """`tuned=True`: time the candidate configs once per problem, remember the winner on disk.
 
 The choice is keyed by (variant, dtypes, operand majorness, M, N, K, SM count) and kept in
-``$PARALLEL_MLP_CACHE_DIR/tune-v2.json`` (default ``~/.cache/parallel_mlp``); later calls and
+``$PARALLEL_MLP_CACHE_DIR/tune-v3.json`` (default ``~/.cache/parallel_mlp``); later calls and
 later processes reuse it without timing. Candidates are timed held (median_ms_held: turns of
 timing.DEFAULT_HOLD_S, three each, ~30 s per problem), so the choice is the fastest at the clock it
 gets running alone; shorter turns measured the card's clock swing rather than the candidates.
@@ -28,9 +28,10 @@ _choices: dict | None = None
 
 
 def _path():
-    # v2: choices timed held (each candidate at its own clock). tune.json's were timed call by
-    # call, which picks by cycles; they are not reused.
-    return cache_dir() / "tune-v2.json"
+    # v3: candidates held 1 s a turn. v2's turns of 0.3 s sampled the card's clock swing as much
+    # as the candidates (timing.DEFAULT_HOLD_S), and tune.json's were timed call by call, which
+    # picks by cycles; neither is reused.
+    return cache_dir() / "tune-v3.json"
 
 
 def _load():
