@@ -17,6 +17,7 @@ unfused; the values are the same either way, up to the last bit of fp32 rounding
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import types
@@ -48,8 +49,11 @@ def _can_compile_for(t: torch.Tensor) -> bool:
         return False
     if m == "1":
         return True
-    if not t.is_cuda:
-        return False
+    return t.is_cuda and _has_triton()
+
+
+@functools.cache
+def _has_triton() -> bool:
     try:
         from torch.utils._triton import has_triton
     except ImportError:
