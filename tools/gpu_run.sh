@@ -33,6 +33,9 @@
 #     clock        tools/clock_probe.py: ms, SM clock, power and cycles per call (power-bound?)
 #     full         the whole parallel_mlp.bench (GEMMs, fused, MLP, cold start, torch.compile)
 #     ncu          ncu on profile_cases (five GEMMs; needs the Firecracker runtime's ncu)
+#     retime       every GEMM at h=14336 and 7168, held 1 s, at the default beside pingpong
+#                  128x128 and pingpong 128x192 (same cluster and raster group): the tile
+#                  choices sessions 5-6 made at 0.5 s turns (~7 min)
 #     position     three columns of the same kernel held in turn (dy@W2 +dact / plain, fc2, dx):
 #                  any spread between them is the timing protocol's, not the kernels' (~1 min)
 #   bash tools/gpu_run.sh --list          print the commands, run nothing
@@ -62,11 +65,12 @@ declare -A CMD=(
   [profile]="timeout 200 python3 -m parallel_mlp.profile_step && timeout 150 python3 -m parallel_mlp.profile_step --h 7168 && timeout 60 python3 -m parallel_mlp.kernels.host_overhead"
   [cold]="timeout 120 python3 -m parallel_mlp.bench --only cold-start --json $OUT/cold.json"
   [clock]="timeout 120 python3 tools/clock_probe.py --h 7168 && timeout 150 python3 tools/clock_probe.py --h 14336"
+  [retime]="for h in 14336 7168; do timeout 280 python3 -m parallel_mlp.kernels.bench_gemm --h \$h --also consumers=pingpong,tile_n=128 --also consumers=pingpong,tile_n=192; done"
   [position]="timeout 200 python3 -m parallel_mlp.kernels.bench_gemm --h 14336 --only dpost,fc2,dx --also cache_hints=normal --also cache_hints=normal"
   [full]="timeout 570 python3 -m parallel_mlp.bench --budget-s 420 --json $OUT/bench.json"
   [ncu]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 5 --launch-count 5 --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis python3 -m parallel_mlp.kernels.profile_cases"
 )
-ORDER=(tests_kernels tests_layer tests_all prefetch epi16 tiles192 largek hints position bench_gemm sweep mlp profile cold clock full ncu)
+ORDER=(tests_kernels tests_layer tests_all prefetch epi16 tiles192 largek hints retime position bench_gemm sweep mlp profile cold clock full ncu)
 
 steps=("$@")
 if [ ${#steps[@]} -eq 0 ]; then
