@@ -19,7 +19,7 @@ HOLD_QUEUE = 8
 # The first part of each hold is left out: the clock is still moving from the previous
 # workload's level to this one's.
 HOLD_SETTLE = 0.25
-# How long each variant is held per turn, by default. The card's clock swings with a period near
+# How long each variant is held per turn, by default. The card's clock seems to swing with a period near
 # a second: three columns of the SAME kernel held 0.5 s each in turn measured 1.47 / 1.42 /
 # 1.48 ms (a 4-6% spread on every GEMM tried); held 1 s they agreed within 0.6%, held 1.5 s
 # within 0.3% (bench_results/h200-2026-11-30-session7-position.log). Shorter holds sample the
