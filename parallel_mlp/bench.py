@@ -161,7 +161,7 @@ def time_calls(ctx: Ctx, fn, n_sets: int = 1) -> dict:
     """The time of ``fn(i)``, ``i`` cycling the input sets: time_side_by_side of fn alone (held,
     or the median of ctx.iters calls after ctx.warmup).
 
-    For a measurement that stands alone (the ceiling, eager's fused ops, the TP variants); those
+    For a measurement that stands alone (the ceiling, eager's fused ops); those
     whose ratio is taken go through time_side_by_side together, so that the card's drift cancels.
     """
     return time_side_by_side(ctx, {"fn": fn}, n_sets)["fn"]
@@ -656,16 +656,6 @@ def prepare_mlp_variant(ctx: Ctx, model: nn.Module, xs, dys, reference, held_by_
     Returns (result, reference)."""
     out, reference = first_step(ctx, model, xs, dys, reference)
     out |= step_peak_memory(ctx, model, xs, dys, held_by_others)
-    return out, reference
-
-
-def bench_mlp_variant(ctx: Ctx, model: nn.Module, xs, dys, flops: float, reference):
-    """One variant on its own (the TP benchmark times its variants this way): first call, check,
-    peak memory, then timed steps. Returns (result, reference)."""
-    out, reference = prepare_mlp_variant(ctx, model, xs, dys, reference)
-    timing = time_calls(ctx, lambda i: train_step(model, xs[i], dys[i]), len(xs))
-    out |= with_tflops(timing, flops)
-    clear_grads(model, xs)
     return out, reference
 
 

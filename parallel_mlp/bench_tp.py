@@ -5,14 +5,18 @@
 Each rank holds its shards of the same global weights; ``--configs`` hidden sizes are global. The
 reference is what Megatron's ColumnParallelLinear -> activation -> RowParallelLinear does, written
 in torch: shard GEMMs through cuBLAS, an all-reduce of fc2's output in forward and of x's gradient
-in backward. Times are each rank's median, maxed over ranks; TFLOP/s are per rank (FLOPs / p).
+in backward. Both run side by side, held (1 s turns, 3 each, as the single-GPU bench; a turn is a
+fixed step count agreed by the ranks so their collectives pair up) or call by call with --hold-s 0.
+Times are each rank's median, maxed over ranks; TFLOP/s are per rank (FLOPs / p).
 NCCL on CUDA, gloo on the CPU (so ``--tp --dry-run`` runs anywhere).
 """
 
 from __future__ import annotations
 
 import datetime
+import math
 import os
+import statistics
 import time
 
 import torch
@@ -23,7 +27,6 @@ from . import bench_report
 from .activations import get_activation
 from .bench import (
     attempt,
-    bench_mlp_variant,
     build_parallel_mlp,
     chunked_w1,
     config_label,
@@ -33,10 +36,16 @@ from .bench import (
     log,
     make_ctx,
     mlp_flops,
+    model_bytes,
+    per_name,
+    prepare_mlp_variant,
     probe_ours,
     ratio,
     run_metadata,
+    time_side_by_side,
+    train_step,
 )
+from .timing import hold_steps, settled
 
 # A rank that fails inside a collective would leave the others waiting forever: time out instead.
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=180)
@@ -98,8 +107,51 @@ def max_over_ranks(ctx, result: dict) -> dict:
     return result
 
 
+def group_max(ctx, value: float) -> float:
+    t = torch.tensor([value], dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def all_ranks_ok(ctx, ok: bool) -> bool:
+    """A variant that failed on one rank is dropped on all, so their collectives stay paired."""
+    t = torch.tensor([1 if ok else 0], dtype=torch.int32, device=ctx.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return bool(t.item())
+
+
+# Calls per variant that size a held turn: their median, maxed over ranks, sets the step count.
+PROBE_STEPS = 5
+
+
+def time_tp_held(ctx, fns: dict, n_sets: int) -> dict:
+    """Held timing (bench.time_held) that keeps the ranks in step: a turn is a fixed number of
+    steps, the same on every rank (enough for ctx.hold_s at the slowest rank's probed step time),
+    so the collectives inside them pair up. A turn's time is the median of its settled steps,
+    maxed over ranks; a variant's ``ms`` is the median of its turns."""
+    for i in range(ctx.warmup):
+        for fn in fns.values():
+            fn(i % n_sets)
+    ctx.sync()
+    steps = {}
+    for name, fn in fns.items():
+        probe = statistics.median(hold_steps(lambda i, fn=fn: fn(i % n_sets), PROBE_STEPS, ctx.cuda))
+        steps[name] = max(PROBE_STEPS, math.ceil(ctx.hold_s * 1e3 / group_max(ctx, probe)))
+    turns = {name: [] for name in fns}
+    for _ in range(ctx.rounds):
+        for name, fn in fns.items():
+            kept = settled(hold_steps(lambda i, fn=fn: fn(i % n_sets), steps[name], ctx.cuda))
+            turns[name].append(group_max(ctx, statistics.median(kept)))
+    return {name: {"ms": statistics.median(t), "min_ms": min(t), "max_ms": max(t),
+                   "iters": ctx.rounds * len(settled([0.0] * steps[name])), "input_sets": n_sets,
+                   "hold_s": ctx.hold_s, "rounds": ctx.rounds, "steps_per_turn": steps[name]}
+            for name, t in turns.items()}
+
+
 def bench_tp_config(ctx, act: str, h: int, world: int, rank: int) -> dict:
-    """ParallelMLP vs MegatronEagerMLP on this rank's shards of one set of global weights."""
+    """ParallelMLP vs MegatronEagerMLP on this rank's shards of one set of global weights: each
+    is built, called once (checked against eager's outputs) and measured for peak memory, then
+    both are timed side by side, held (time_tp_held) or call by call (--hold-s 0)."""
     T, d, gated = ctx.tokens, ctx.d_model, get_activation(act).gated
     f = fc1_features(act, h)
     # The same seed on every rank: the same global weights and the same (replicated) x and dy.
@@ -120,24 +172,42 @@ def bench_tp_config(ctx, act: str, h: int, world: int, rank: int) -> dict:
     }
     row = {"config": config_label(act, h), "world_size": world, "flops_per_rank": flops_per_rank,
            "variants": {}}
-    reference = None
+    models, reference = {}, None
     for name, build in variants.items():
         if rank == 0:
             log(f"tp {world} {config_label(act, h)} {name}")
         if name == "ours" and ctx.ours is None:
             row["variants"][name] = {"unavailable": ctx.ours_reason}
-            max_over_ranks(ctx, row["variants"][name])
             continue
-        out = attempt(ctx, f"tp {name}", lambda build=build, ref=reference: bench_mlp_variant(
-            ctx, build(), xs, dys, flops_per_rank, ref))
-        if isinstance(out, tuple):
-            out, reference = out
-        out = max_over_ranks(ctx, out)
-        if "ms" in out:
-            out["tflops_per_rank"] = flops_per_rank / (out["ms"] * 1e-3) / 1e12
-            out["tflops"] = out["tflops_per_rank"]
+        held = sum(model_bytes(m) for m in models.values())
+
+        def prepare(build=build, ref=reference, held=held):
+            model = build()
+            return (model, *prepare_mlp_variant(ctx, model, xs, dys, ref, held))
+
+        out = attempt(ctx, f"tp {name}", prepare)
+        if all_ranks_ok(ctx, isinstance(out, tuple)):
+            models[name], out, reference = out
+        elif isinstance(out, tuple):
+            out = {"error": "failed on another rank"}
         row["variants"][name] = out
         free_memory(ctx)
+
+    if models:
+        steps = {name: (lambda i, model=model: train_step(model, xs[i], dys[i]))
+                 for name, model in models.items()}
+        if ctx.hold_s > 0:
+            timings = per_name(attempt(ctx, "tp timing", time_tp_held, ctx, steps, len(xs)), models)
+        else:
+            timings = per_name(attempt(ctx, "tp timing", time_side_by_side, ctx, steps, len(xs)),
+                               models)
+            timings = {name: max_over_ranks(ctx, t) for name, t in timings.items()}
+        for name in models:
+            out = row["variants"][name] | timings[name]
+            if "ms" in out:
+                out["tflops_per_rank"] = flops_per_rank / (out["ms"] * 1e-3) / 1e12
+                out["tflops"] = out["tflops_per_rank"]
+            row["variants"][name] = out
     row["speedup_vs_eager"] = ratio(row["variants"].get("megatron_eager"),
                                     row["variants"].get("ours"))
     return row
@@ -160,6 +230,10 @@ def format_tp(results: dict) -> str:
     lines = [f"parallel_mlp.bench --tp  TP={meta['world_size']}  {meta['device']}  "
              f"torch {meta['torch']}  {meta['dtype']}  T={meta['tokens']} d={meta['d_model']}  "
              f"ours={meta['backend']}" + ("  [DRY RUN]" if meta.get("dry_run") else "")]
+    hold_s = meta.get("hold_s") or 0
+    lines.append(f"timing: held, {hold_s:g} s turns of a step count the ranks agree on, "
+                 f"{meta.get('rounds')} each" if hold_s > 0 else
+                 "timing: call by call, in turn (one shared clock: compares cycles)")
     if meta.get("ours_unavailable"):
         lines.append(f"ours cannot run here: {meta['ours_unavailable'][:300]}")
     lines += bench_report._table(header, rows)
@@ -188,9 +262,6 @@ def main(args) -> int:
     ctx = make_ctx(args, device, start)
     # No time budget here: a rank skipping a row the others run would desynchronize collectives.
     ctx.deadline = float("inf")
-    # Nor held timing: each rank would stop its hold after its own number of steps, and the
-    # collectives in them would no longer pair up. Call by call, every rank runs ctx.iters steps.
-    ctx.hold_s = 0.0
     probe_ours(ctx)
     results = {"meta": run_metadata(args, ctx) | {"world_size": world, "mode": "tp"}, "tp": []}
     for act, h in ctx.configs:

@@ -31,16 +31,26 @@ def hold(fn: Callable[[int], object], seconds: float, cuda: bool = True) -> list
     """Call ``fn(i)``, i = 0, 1, ..., back to back for ``seconds``; each call's ms, in order (CUDA
     events around each call on CUDA, else wall time)."""
     end_at = time.monotonic() + seconds
+    return _back_to_back(fn, lambda i: time.monotonic() < end_at, cuda)
+
+
+def hold_steps(fn: Callable[[int], object], steps: int, cuda: bool = True) -> list[float]:
+    """``hold`` for a fixed number of calls: what ranks that must issue the same collectives
+    run, since each rank's clock would end a timed hold after its own number of calls."""
+    return _back_to_back(fn, lambda i: i < steps, cuda)
+
+
+def _back_to_back(fn: Callable[[int], object], more: Callable[[int], bool], cuda: bool) -> list[float]:
     if not cuda:
         times, i = [], 0
-        while time.monotonic() < end_at:
+        while more(i):
             t0 = time.perf_counter()
             fn(i)
             times.append((time.perf_counter() - t0) * 1e3)
             i += 1
         return times
     pairs, i = [], 0
-    while time.monotonic() < end_at:
+    while more(i):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn(i)

@@ -220,3 +220,30 @@ def test_bad_timing_flags_are_refused(argv, message, capsys):
     with pytest.raises(SystemExit):
         bench.parse_args(argv)
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("hold_s", ["0", "0.05"])
+def test_tp_mode_on_two_gloo_ranks(tmp_path, hold_s):
+    """--tp under torchrun with two CPU ranks (gloo): both variants run, checked against each
+    other, timed call by call (--hold-s 0) or held in turns of a step count the ranks agree on."""
+    out = tmp_path / "tp.json"
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "parallel_mlp.bench", "--tp", "--dry-run", "--configs", "swiglu:128,relu:64",
+         "--hold-s", hold_s, "--json", str(out)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=180, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert_no_errors(data["tp"])
+    assert data["meta"]["world_size"] == 2 and data["meta"]["hold_s"] == float(hold_s)
+    for row in data["tp"]:
+        eager, ours = row["variants"]["megatron_eager"], row["variants"]["ours"]
+        assert positive(eager["ms"]) and positive(ours["ms"]) and positive(row["speedup_vs_eager"])
+        assert ours["rel_err_y"] < 2e-2 and ours["rel_err_dx"] < 2e-2  # bf16 against eager
+        if hold_s != "0":
+            assert ours["steps_per_turn"] >= 5 and ours["rounds"] == 3
+            assert ours["min_ms"] <= ours["ms"] <= ours["max_ms"]
+        else:
+            assert ours["ms"] >= ours["rank_ms"]  # the slowest rank's median
+    assert ("timing: held" if hold_s != "0" else "timing: call by call") in proc.stdout

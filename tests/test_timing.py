@@ -1,9 +1,9 @@
-"""parallel_mlp.timing on the CPU: a hold calls back to back for its time and times every call;
-settled() leaves out the start of a hold."""
+"""parallel_mlp.timing on the CPU: a hold calls back to back for its time (or its number of
+calls) and times every call; settled() leaves out the start of a hold."""
 
 import time
 
-from parallel_mlp.timing import HOLD_SETTLE, hold, settled
+from parallel_mlp.timing import HOLD_SETTLE, hold, hold_steps, settled
 
 
 def test_hold_calls_back_to_back_and_times_each_call():
@@ -25,3 +25,16 @@ def test_settled_leaves_out_the_start():
     times = list(range(100))
     assert settled(times) == times[int(100 * HOLD_SETTLE):]
     assert settled([7.0]) == [7.0]  # never empty
+
+
+def test_hold_steps_makes_exactly_its_calls():
+    seen = []
+
+    def fn(i):
+        seen.append(i)
+        time.sleep(0.003 if i == 2 else 0.0)
+
+    times = hold_steps(fn, 5, cuda=False)
+    assert seen == [0, 1, 2, 3, 4] and len(times) == 5
+    assert times[2] >= 2.5 and max(times[:2] + times[3:]) < 2.5
+    assert hold_steps(fn, 0, cuda=False) == []
