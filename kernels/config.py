@@ -23,10 +23,11 @@ DEFAULT_NUM_SMS = 132
 # row, which is what TMA and WGMMA both like best.
 TILE_K = 64
 
-# N extents of a CTA tile. 160 and 176 are for N that 192 would leave a partial last wave on
-# (N = 7168: 37.3 tiles of 192 a row, 40.7 of 176); 176 needs 16-column epilogue subtiles. An
-# N-major B operand of 160 or 176 columns gets a 64B or 32B swizzle instead of 128B.
-TILE_N_CHOICES = (64, 128, 160, 176, 192, 256)
+# N extents of a CTA tile. 160 is for N that 192 leaves a partial last wave on (N = 7168: 37.3
+# tiles of 192 per row, 44.8 of 160); its N-major B operand takes a 64B swizzle instead of 128B.
+# Held on an H200 (NOTES.md, session 8): the plain dy@W2 at N = 7168 1.4% faster than at 192, its
+# dact 1.2% slower, so no default picks it. 176 (32B swizzle) ran 16-22% slower and was dropped.
+TILE_N_CHOICES = (64, 128, 160, 192, 256)
 
 # Pingpong: most fp32 accumulators one consumer thread may hold (one warpgroup owns a whole tile).
 # 192 (a 128x192 tile) leaves ~40 of the consumer's 232 registers for everything else: ptxas
@@ -171,11 +172,6 @@ class GemmConfig:
             raise ValueError(f"cache_hints={self.cache_hints!r}: must be one of {sorted(CACHE_HINTS)}")
         if self.epi_n not in (16, 32):
             raise ValueError(f"epi_n={self.epi_n}: must be 16 or 32")
-        if self.tile_n % self.epi_n:
-            # The epilogue walks tile_n / epi_n whole subtiles; a remainder would go unstored.
-            raise ValueError(
-                f"tile_n={self.tile_n} with epi_n={self.epi_n}: tile_n must be a multiple of epi_n"
-            )
         if not 2 <= self.max_stages <= 8:
             raise ValueError(f"max_stages={self.max_stages}: must be 2 to 8")
         if self.dact_prefetch not in (1, 2, 3):

@@ -178,19 +178,16 @@ def pingpong_variants(quick: bool = False):
 
 
 def narrow_tile_variants():
-    """128x160 and 128x176 pingpong tiles (2x1 cluster; 176 with 16-column subtiles): their
-    N-major B operand takes a 64B / 32B swizzle, split between the cluster's two multicasts."""
-    out = []
-    for tn, e in ((160, 32), (176, 16)):
-        c = GemmConfig(128, tn, 2, 1, 16, consumers="pingpong", epi_n=e)
-        out += [
-            KernelKey(EpilogueSpec("store"), c, "bfloat16", "row", "col", "bfloat16"),
-            KernelKey(EpilogueSpec("accumulate"), c, "bfloat16", "col", "col", "float32"),
-            KernelKey(EpilogueSpec("act", "swiglu"), c, "bfloat16", "row", "row", "bfloat16"),
-            KernelKey(EpilogueSpec("dact", "swiglu"), dataclasses.replace(c, dact_prefetch=2, epi_n=16),
-                      "bfloat16", "row", "col", "bfloat16"),
-        ]
-    return out
+    """The 128x160 pingpong tile (2x1 cluster): its N-major B operand takes a 64B swizzle, split
+    between the cluster's two multicasts."""
+    c = GemmConfig(128, 160, 2, 1, 16, consumers="pingpong")
+    return [
+        KernelKey(EpilogueSpec("store"), c, "bfloat16", "row", "col", "bfloat16"),
+        KernelKey(EpilogueSpec("accumulate"), c, "bfloat16", "col", "col", "float32"),
+        KernelKey(EpilogueSpec("act", "swiglu"), c, "bfloat16", "row", "row", "bfloat16"),
+        KernelKey(EpilogueSpec("dact", "swiglu"), dataclasses.replace(c, dact_prefetch=2, epi_n=16),
+                  "bfloat16", "row", "col", "bfloat16"),
+    ]
 
 
 def tile256_variants(quick: bool = False):

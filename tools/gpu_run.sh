@@ -36,7 +36,7 @@
 #     retime       every GEMM at h=14336 and 7168, held 1 s, at the default beside pingpong
 #                  128x128 and pingpong 128x192 (same cluster and raster group): the tile
 #                  choices sessions 5-6 made at 0.5 s turns (~7 min)
-#     narrow       the 128x160 / 128x176 pingpong tiles: their GPU tests (bitwise twins of 128x128),
+#     narrow       the 128x160 pingpong tile: its GPU tests (bitwise twins of 128x128),
 #                  then held, fc1 and dy@W2 (+dact) at h=7168 (N = 14336 / 7168, where 192 leaves
 #                  a partial last wave) and dy@W2 at h=14336, beside the default (~4 min)
 #     position     three columns of the same kernel held in turn (dy@W2 +dact / plain, fc2, dx):
@@ -69,7 +69,7 @@ declare -A CMD=(
   [cold]="timeout 120 python3 -m parallel_mlp.bench --only cold-start --json $OUT/cold.json"
   [clock]="timeout 120 python3 tools/clock_probe.py --h 7168 && timeout 150 python3 tools/clock_probe.py --h 14336"
   [retime]="for h in 14336 7168; do timeout 280 python3 -m parallel_mlp.kernels.bench_gemm --h \$h --also consumers=pingpong,tile_n=128 --also consumers=pingpong,tile_n=192; done"
-  [narrow]="timeout 200 python3 tools/pytest_shards.py 14 -m gpu tests/kernels/test_tile_narrow_gpu.py; timeout 200 python3 -m parallel_mlp.kernels.bench_gemm --h 7168 --only fc1,dpost --also tile_n=160 --also tile_n=176,epi_n=16; timeout 120 python3 -m parallel_mlp.kernels.bench_gemm --h 14336 --only dpost --also tile_n=160 --also tile_n=176,epi_n=16"
+  [narrow]="timeout 200 python3 tools/pytest_shards.py 14 -m gpu tests/kernels/test_tile_narrow_gpu.py; timeout 200 python3 -m parallel_mlp.kernels.bench_gemm --h 7168 --only fc1,dpost --also tile_n=160; timeout 120 python3 -m parallel_mlp.kernels.bench_gemm --h 14336 --only dpost --also tile_n=160"
   [position]="timeout 200 python3 -m parallel_mlp.kernels.bench_gemm --h 14336 --only dpost,fc2,dx --also cache_hints=normal --also cache_hints=normal"
   [full]="timeout 570 python3 -m parallel_mlp.bench --budget-s 420 --json $OUT/bench.json"
   [ncu]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 5 --launch-count 5 --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis python3 -m parallel_mlp.kernels.profile_cases"
