@@ -80,7 +80,8 @@ def source_fingerprint() -> str:
 
 def fake_args(key: KernelKey):
     """The symbolic signature (mA, mB, mD, mPost, mPreIn, mDpre, mBias, mCounter, stream) of a
-    kernel; mCounter (the dynamic scheduler's int32 tile counter) is None for the static one."""
+    kernel; mCounter (the dynamic scheduler's int32 tile counter, or stream-K's workspace) is
+    None for the static scheduler without stream-K."""
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
@@ -110,7 +111,7 @@ def fake_args(key: KernelKey):
         else:
             d = fake_matrix(dd, "row")
     counter = None
-    if key.config.scheduler == "dynamic":
+    if key.config.scheduler == "dynamic" or key.config.stream_k:
         counter = make_fake_tensor(cutlass.Int32, (cute.sym_int32(),), (1,), assumed_align=4)
     return a, b, d, post, prein, dpre, bias, counter, make_fake_stream()
 

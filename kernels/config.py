@@ -115,6 +115,11 @@ class GemmConfig:
     # at the same time; "stream" slowed the dact 1.2%. "normal" is the default because it is
     # the documented policy, not for speed.
     cache_hints: str = "normal"
+    # Stream-K for the last partial wave (cooperative, static, store and accumulate epilogues):
+    # whole tiles for the full waves, then the remaining tiles' K blocks shared evenly by every
+    # cluster, partial sums reduced in a fixed order through an fp32 workspace (tile_scheduler,
+    # "Stream-K"). Deterministic, but not bitwise equal to the whole-tile kernel.
+    stream_k: bool = False
 
     def __post_init__(self):
         if self.tile_m not in (64, 128, 192, 256):
@@ -168,6 +173,13 @@ class GemmConfig:
                     f"{PINGPONG_MAX_ACC_REGS} (e.g. 128x128, 64x256 or 128x192)"
                 )
 
+        if self.stream_k and (self.consumers, self.scheduler) != ("cooperative", "static"):
+            raise ValueError(
+                f"stream_k=True with consumers={self.consumers!r}, scheduler={self.scheduler!r}: "
+                "stream-K needs consumers='cooperative' and scheduler='static'"
+            )
+        if self.stream_k and self.tile_m > 128:
+            raise ValueError(f"stream_k=True with tile_m={self.tile_m}: stream-K tiles have at most 128 rows")
         if self.cache_hints not in CACHE_HINTS:
             raise ValueError(f"cache_hints={self.cache_hints!r}: must be one of {sorted(CACHE_HINTS)}")
         if self.epi_n not in (16, 32):
@@ -194,6 +206,7 @@ class GemmConfig:
         st = "" if self.max_stages == 8 else f"_st{self.max_stages}"
         st += "" if self.epi_n == 32 else f"_e{self.epi_n}"
         st += "" if self.cache_hints == "normal" else f"_l2{self.cache_hints}"
+        st += "_sk" if self.stream_k else ""
         return (
             f"t{self.tile_m}x{self.tile_n}_c{self.cluster_m}x{self.cluster_n}"
             f"_g{self.raster_group}_sm{self.num_sms}{sched}{cons}{pf}{l2}{st}"

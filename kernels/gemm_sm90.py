@@ -88,6 +88,11 @@ class PersistentGemmSm90:
         self.epi_tile = (config.tile_m, config.epi_n)
         self.max_active_clusters = config.num_sms // (config.cluster_m * config.cluster_n)
         self.dynamic = config.scheduler == "dynamic"
+        self.stream_k = config.stream_k
+        if self.stream_k and (epilogue.kind not in ("store", "accumulate") or epilogue.has_bias):
+            # Only the owner of a tile runs its epilogue; the preact ring and the bias path
+            # assume every tile of the sequence does.
+            raise ValueError(f"{config.key} {epilogue.key}: stream-K serves the store and accumulate epilogues")
         # dact with dact_prefetch 2 or 3: dpreact is written in place over its preact subtile
         # and stored from there, which frees the dpreact buffers for a preact ring of
         # dact_prefetch + 1 slots (else a two-slot ring, one load ahead).
@@ -273,8 +278,8 @@ class PersistentGemmSm90:
         def cosize(c):
             return cute.cosize(self.ch_layout[c]) if self.ch_width[c] else 1
 
-        if cutlass.const_expr(self.dynamic and mCounter is None):
-            raise ValueError(f"{self.cfg.key}: the dynamic scheduler needs its tile counter (mCounter)")
+        if cutlass.const_expr((self.dynamic or self.stream_k) and mCounter is None):
+            raise ValueError(f"{self.cfg.key}: the dynamic scheduler and stream-K need their workspace (mCounter)")
         # The dynamic scheduler's ring of tile indices (a 1-slot placeholder for the static one);
         # it sits with the mbarriers, inside the 1 KB in front of the A/B ring.
         sched_slots = tile_scheduler.SCHED_STAGES if self.dynamic else 1
@@ -413,7 +418,6 @@ class PersistentGemmSm90:
                     sched = tile_scheduler.DynamicProducer.create(sched_params, index_pipe, s_idx, mCounter.iterator)
                 else:
                     sched = tile_scheduler.create(sched_params)
-                work = sched.initial_work_tile_info()
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.ab_stages)
                 num_sub = tn // self.epi_tile[1]
                 gF = None
@@ -424,20 +428,27 @@ class PersistentGemmSm90:
                         else storage.sD.get_tensor(sD_layout.outer, swizzle=sD_layout.inner)
                     )
                     _, gF = self._tma_view(tma_f, mF, sF, c)
-                while work.is_valid_tile:
-                    tc = work.tile_idx
-                    state = mainloop.produce_tile(
-                        ab_pipeline, state,
-                        tma_a, tAgA[(None, tc[0], None, tc[2])], tAsA, a_mask,
-                        tma_b, tBgB[(None, tc[1], None, tc[2])], tBsB, b_mask,
-                        k_tiles,
-                        # the L2 prefetch of this tile's epilogue input (tma_f None: none)
-                        tma_f, gF[(None, tc[0], None, 0)] if cutlass.const_expr(gF is not None) else None,
-                        tc[1] * num_sub, num_sub,
-                        self._policy(0),
+                if cutlass.const_expr(self.stream_k):
+                    state = self._produce_stream_k(
+                        ab_pipeline, state, tma_a, tAgA, tAsA, a_mask, tma_b, tBgB, tBsB, b_mask, k_tiles, sched_params,
+                        tma_f, gF, num_sub,
                     )
-                    sched.advance_to_next_work()
-                    work = sched.get_current_work()
+                else:
+                    work = sched.initial_work_tile_info()
+                    while work.is_valid_tile:
+                        tc = work.tile_idx
+                        state = mainloop.produce_tile(
+                            ab_pipeline, state,
+                            tma_a, tAgA[(None, tc[0], None, tc[2])], tAsA, a_mask,
+                            tma_b, tBgB[(None, tc[1], None, tc[2])], tBsB, b_mask,
+                            k_tiles,
+                            # the L2 prefetch of this tile's epilogue input (tma_f None: none)
+                            tma_f, gF[(None, tc[0], None, 0)] if cutlass.const_expr(gF is not None) else None,
+                            tc[1] * num_sub, num_sub,
+                            self._policy(0),
+                        )
+                        sched.advance_to_next_work()
+                        work = sched.get_current_work()
                 # Wait for the consumers to release the last stages, so no CTA of the cluster
                 # exits while a multicast into its smem is in flight.
                 ab_pipeline.producer_tail(state)
@@ -496,31 +507,159 @@ class PersistentGemmSm90:
                 epi_count = cutlass.Int32(0)
                 tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
                 tiled_mma_first.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
-                while work.is_valid_tile:
-                    tc = work.tile_idx
-                    if cutlass.const_expr(has["L"]):
-                        # Start this tile's first preact subtiles now, so they land during the
-                        # mainloop (their slots' stores finished by the last tile's last acquire).
-                        if warp_idx == store_warp:
-                            for e in cutlass.range_constexpr(min(self.l_ahead, tn // self.epi_tile[1])):
-                                self._load_preact(ep, tc, e, epi_count + e, 0)
-                    read_state, release_state = mainloop.consume_tile(
-                        ab_pipeline, read_state, release_state, tiled_mma, tiled_mma_first, acc, tCrA, tCrB, k_tiles
+                if cutlass.const_expr(self.stream_k):
+                    self._consume_stream_k(
+                        ab_pipeline, read_state, release_state, tiled_mma, tiled_mma_first, acc, tCrA, tCrB, k_tiles,
+                        sched_params, mCounter, mma_tidx, thr_mma, gcG, ep, acc_of, tCcT,
+                        warp_idx == store_warp, epi_barrier, store_pipeline, mBias, n_size, S,
                     )
-                    if cutlass.const_expr(two_atoms):
-                        tile_cG = ep.thr_r2s_d.partition_S(ep.gcG[(None, None, tc[0], tc[1])])
-                    else:
-                        tile_cG = thr_mma.partition_C(gcG[(None, None, tc[0], tc[1])])
-                    epi_count = self._epilogue_tile(
-                        ep, tc, acc_of, tCcT, tile_cG,
-                        epi_count, 0, warp_idx == store_warp, epi_barrier, store_pipeline, mBias, n_size,
-                        S, True, False,
-                    )
+                else:
+                    while work.is_valid_tile:
+                        tc = work.tile_idx
+                        if cutlass.const_expr(has["L"]):
+                            # Start this tile's first preact subtiles now, so they land during the
+                            # mainloop (their slots' stores finished by the last tile's last acquire).
+                            if warp_idx == store_warp:
+                                for e in cutlass.range_constexpr(min(self.l_ahead, tn // self.epi_tile[1])):
+                                    self._load_preact(ep, tc, e, epi_count + e, 0)
+                        read_state, release_state = mainloop.consume_tile(
+                            ab_pipeline, read_state, release_state, tiled_mma, tiled_mma_first, acc, tCrA, tCrB, k_tiles
+                        )
+                        if cutlass.const_expr(two_atoms):
+                            tile_cG = ep.thr_r2s_d.partition_S(ep.gcG[(None, None, tc[0], tc[1])])
+                        else:
+                            tile_cG = thr_mma.partition_C(gcG[(None, None, tc[0], tc[1])])
+                        epi_count = self._epilogue_tile(
+                            ep, tc, acc_of, tCcT, tile_cG,
+                            epi_count, 0, warp_idx == store_warp, epi_barrier, store_pipeline, mBias, n_size,
+                            S, True, False,
+                        )
 
-                    sched.advance_to_next_work()
-                    work = sched.get_current_work()
+                        sched.advance_to_next_work()
+                        work = sched.get_current_work()
                 store_pipeline.producer_tail()
 
+
+    # ---- stream-K (config.stream_k; see tile_scheduler) --------------------------------------------
+
+    @cute.jit
+    def _produce_stream_k(
+        self, ab_pipeline, state, tma_a, tAgA, tAsA, a_mask, tma_b, tBgB, tBsB, b_mask, k_tiles, sched_params,
+        tma_f, gF, num_sub: cutlass.Constexpr,
+    ):
+        """The producer's side of stream-K: the whole tiles of the full waves, then every piece of
+        this cluster's segment, in the order the consumers take them. The L2 prefetch of the
+        epilogue input (tma_f) goes with the whole tiles only."""
+        dp_end, sk_iters, grid = tile_scheduler.stream_k_plan(sched_params, k_tiles)
+        cta = tile_scheduler.cta_in_cluster(sched_params)
+        c = cutlass.Int32(cute.arch.block_idx()[2])
+        idx = c
+        while idx < dp_end:
+            tc = tile_scheduler.work_at(sched_params, idx, cta).tile_idx
+            state = mainloop.produce_tile(
+                ab_pipeline, state,
+                tma_a, tAgA[(None, tc[0], None, tc[2])], tAsA, a_mask,
+                tma_b, tBgB[(None, tc[1], None, tc[2])], tBsB, b_mask,
+                k_tiles,
+                tma_f, gF[(None, tc[0], None, 0)] if cutlass.const_expr(gF is not None) else None,
+                tc[1] * num_sub, num_sub,
+                self._policy(0),
+            )
+            idx += grid
+        it, end = tile_scheduler.stream_k_segment(c, grid, sk_iters)
+        while it < end:
+            t = it // k_tiles
+            k0 = it - t * k_tiles
+            k1 = cutlass.min(k_tiles, end - t * k_tiles)
+            tc = tile_scheduler.work_at(sched_params, dp_end + t, cta).tile_idx
+            state = mainloop.produce_tile(
+                ab_pipeline, state,
+                tma_a, tAgA[(None, tc[0], None, tc[2])], tAsA, a_mask,
+                tma_b, tBgB[(None, tc[1], None, tc[2])], tBsB, b_mask,
+                k1 - k0, cache_policy=self._policy(0), k_begin=k0,
+            )
+            it = (t + 1) * k_tiles
+        return state
+
+    @cute.jit
+    def _consume_stream_k(
+        self, ab_pipeline, read_state, release_state, tiled_mma, tiled_mma_first, acc, tCrA, tCrB, k_tiles,
+        sched_params, mWork, mma_tidx, thr_mma, gcG, ep, acc_of, tCcT,
+        is_store_warp, epi_barrier, store_pipeline, mBias, n_size, S: cutlass.Constexpr,
+    ):
+        """The cooperative consumers' side of stream-K: whole tiles as usual, then the pieces of
+        this cluster's segment. A contributor piece leaves its accumulators in its CTA's
+        workspace slot and adds its K-block count to the tile's flag; the owner piece waits for
+        the flag, adds the slots of the later clusters in order, and runs the epilogue."""
+        dp_end, sk_iters, grid = tile_scheduler.stream_k_plan(sched_params, k_tiles)
+        cta = tile_scheduler.cta_in_cluster(sched_params)
+        c = cutlass.Int32(cute.arch.block_idx()[2])
+        cm, cn = self.cluster_shape_mn
+        csize = cm * cn
+        rank = cta[0] + cta[1] * cm  # this CTA's slot among its cluster's
+        tm, tn, _ = self.tile_shape_mnk
+        n_acc = cute.size(acc)
+        threads = self.num_mma_threads
+        flags = mWork.iterator
+        parts = cute.make_tensor(
+            cute.recast_ptr(flags + tile_scheduler.stream_k_flag_words(sk_iters // k_tiles, csize), dtype=self.acc_dtype),
+            cute.make_layout(grid * csize * tm * tn),
+        )
+        epi_count = cutlass.Int32(0)
+
+        idx = c
+        while idx < dp_end:
+            tc = tile_scheduler.work_at(sched_params, idx, cta).tile_idx
+            read_state, release_state = mainloop.consume_tile(
+                ab_pipeline, read_state, release_state, tiled_mma, tiled_mma_first, acc, tCrA, tCrB, k_tiles
+            )
+            epi_count = self._epilogue_tile(
+                ep, tc, acc_of, tCcT, thr_mma.partition_C(gcG[(None, None, tc[0], tc[1])]),
+                epi_count, 0, is_store_warp, epi_barrier, store_pipeline, mBias, n_size, S, True, False,
+            )
+            idx += grid
+
+        it, end = tile_scheduler.stream_k_segment(c, grid, sk_iters)
+        while it < end:
+            t = it // k_tiles
+            k0 = it - t * k_tiles
+            k1 = cutlass.min(k_tiles, end - t * k_tiles)
+            read_state, release_state = mainloop.consume_tile(
+                ab_pipeline, read_state, release_state, tiled_mma, tiled_mma_first, acc, tCrA, tCrB, k1 - k0
+            )
+            flag = flags + (t * csize + rank)
+            if k0 > 0:
+                # Contributor: a coalesced slot (accumulator i of every thread, then i + 1), then
+                # the count, released after every consumer thread's stores (the barrier).
+                base = (c * csize + rank) * (tm * tn) + mma_tidx
+                for i in cutlass.range_constexpr(n_acc):
+                    parts[base + i * threads] = acc[i]
+                epi_barrier.arrive_and_wait()
+                if mma_tidx == 0:
+                    cute.arch.fence_acq_rel_gpu()
+                    cute.arch.red(flag, k1 - k0, op="add", dtype=cutlass.Int32, sem="relaxed", scope="gpu")
+            else:
+                # Owner: wait for every K block it did not compute, then add the later clusters'
+                # slots in cluster order (the same sum, bit for bit, on every run).
+                if mma_tidx == 0:
+                    seen = cute.arch.load(flag, cutlass.Int32, sem="acquire", scope="gpu")
+                    while seen != k_tiles - k1:
+                        seen = cute.arch.load(flag, cutlass.Int32, sem="acquire", scope="gpu")
+                epi_barrier.arrive_and_wait()
+                tile_end = (t + 1) * k_tiles
+                for c2 in cutlass.range(c + 1, grid, unroll=1):
+                    s2, e2 = tile_scheduler.stream_k_segment(c2, grid, sk_iters)
+                    if s2 < tile_end:
+                        if e2 > s2:
+                            base = (c2 * csize + rank) * (tm * tn) + mma_tidx
+                            for i in cutlass.range_constexpr(n_acc):
+                                acc[i] = acc[i] + parts[base + i * threads]
+                tc = tile_scheduler.work_at(sched_params, dp_end + t, cta).tile_idx
+                epi_count = self._epilogue_tile(
+                    ep, tc, acc_of, tCcT, thr_mma.partition_C(gcG[(None, None, tc[0], tc[1])]),
+                    epi_count, 0, is_store_warp, epi_barrier, store_pipeline, mBias, n_size, S, True, False,
+                )
+            it = (t + 1) * k_tiles
 
     # ---- pingpong consumers --------------------------------------------------------------------
 

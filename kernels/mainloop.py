@@ -37,9 +37,11 @@ def produce_tile(
     prefetch_first=None,
     prefetch_count: cutlass.Constexpr = 0,
     cache_policy=None,
+    k_begin=None,
 ):
     """Load all K slices of one output tile's A and B rows into the ring; returns the state.
     `cache_policy` (an Int64 L2 policy, or None for the DSL's default) goes with both loads.
+    With `k_begin` (stream-K), the k_tiles slices from that K block on instead.
 
     With a prefetch atom (a TMA load atom of the epilogue's input), the tile's `prefetch_count`
     epilogue subtiles prefetch_g[(None, prefetch_first + j)] are prefetched into L2, one every
@@ -51,9 +53,10 @@ def produce_tile(
     for k in cutlass.range(k_tiles, unroll=1):
         ab_pipeline.producer_acquire(state)
         bar = ab_pipeline.producer_get_barrier(state)
-        cute.copy(tma_atom_a, tAgA[(None, k)], tAsA[(None, state.index)], tma_bar_ptr=bar, mcast_mask=a_mcast_mask,
+        kg = k if cutlass.const_expr(k_begin is None) else k_begin + k
+        cute.copy(tma_atom_a, tAgA[(None, kg)], tAsA[(None, state.index)], tma_bar_ptr=bar, mcast_mask=a_mcast_mask,
                   cache_policy=cache_policy)
-        cute.copy(tma_atom_b, tBgB[(None, k)], tBsB[(None, state.index)], tma_bar_ptr=bar, mcast_mask=b_mcast_mask,
+        cute.copy(tma_atom_b, tBgB[(None, kg)], tBsB[(None, state.index)], tma_bar_ptr=bar, mcast_mask=b_mcast_mask,
                   cache_policy=cache_policy)
         if cutlass.const_expr(prefetch_atom is not None):
             j = k - pf_start

@@ -206,6 +206,22 @@ def _tile_counter(device: torch.device) -> torch.Tensor:
     return torch.zeros(1, dtype=torch.int32, device=device)
 
 
+def _stream_k_workspace(m: int, n: int, cfg, device: torch.device) -> torch.Tensor:
+    """The int32 workspace of one stream-K launch (tile_scheduler, "Stream-K"): its flags zeroed,
+    its partial-sum slots left as they are (each is written before it is read). Fresh per launch
+    for the reasons _tile_counter gives."""
+    from .tile_scheduler import stream_k_flag_words, stream_k_workspace_words
+
+    cm, cn = cfg.cluster_m, cfg.cluster_n
+    clusters = -(-(-(-m // cfg.tile_m)) // cm) * -(-(-(-n // cfg.tile_n)) // cn)
+    grid = min(clusters, cfg.num_sms // (cm * cn))
+    ws = torch.empty(stream_k_workspace_words(clusters, grid, cm * cn, cfg.tile_m * cfg.tile_n),
+                     dtype=torch.int32, device=device)
+    rem = clusters % grid
+    ws[: stream_k_flag_words(rem, cm * cn) if rem else 1].zero_()
+    return ws
+
+
 def _pick_config(spec, a, bk, d_dtype, config, tuned):
     m, k = a.shape
     n = bk.shape[0]
@@ -230,7 +246,11 @@ def _launch(spec: EpilogueSpec, a, bk, d=None, post=None, prein=None, dpre=None,
     )
     fn = get_kernel(key)
     with torch.cuda.device(a.device):
-        counter = _tile_counter(a.device) if cfg.scheduler == "dynamic" else None
+        counter = None
+        if cfg.scheduler == "dynamic":
+            counter = _tile_counter(a.device)
+        elif cfg.stream_k:
+            counter = _stream_k_workspace(a.shape[0], bk.shape[0], cfg, a.device)
         args, keep = _launch_args(
             (a, bk, d, post, prein, dpre, bias, counter), torch.cuda.current_stream().cuda_stream
         )

@@ -70,7 +70,24 @@ def variants(quick: bool = False):
     out += default_mlp_variants(quick)
     out += tile256_variants(quick)
     out += epi16_variants(quick)
+    out += stream_k_variants(quick)
     return out
+
+
+def stream_k_variants(quick: bool = False):
+    """Stream-K (config.stream_k) for the store and accumulate epilogues: the 2x1-cluster
+    cooperative 128x256 of the long-K GEMMs, a 1x1 cluster and fp16."""
+    c = GemmConfig(128, 256, 2, 1, 16, stream_k=True)
+    keys = [
+        KernelKey(EpilogueSpec("store"), c, "bfloat16", "row", "col", "bfloat16"),
+        KernelKey(EpilogueSpec("accumulate"), dataclasses.replace(c, l2_prefetch=True), "bfloat16", "col", "col", "float32"),
+    ]
+    if not quick:
+        keys += [
+            KernelKey(EpilogueSpec("store"), GemmConfig(128, 256, 1, 1, 8, stream_k=True), "bfloat16", "row", "row", "bfloat16"),
+            KernelKey(EpilogueSpec("store"), c, "float16", "col", "row", "float32"),
+        ]
+    return keys
 
 
 def default_mlp_variants(quick: bool = False):
@@ -277,6 +294,10 @@ def check_one(key: KernelKey):
         dynamic = key.config.scheduler == "dynamic"
         if dynamic and "atom.global.add" not in ptx:
             missing.append("atom.global.add (dynamic tile counter)")
+        if key.config.stream_k:
+            for op in ("red.relaxed.gpu.global.add", "ld.acquire.gpu", "fence.acq_rel.gpu"):
+                if op not in ptx:
+                    missing.append(f"{op} (stream-K flags)")
         pingpong = key.config.consumers == "pingpong"
         if pingpong and "bar.arrive" not in ptx:
             missing.append("bar.arrive (pingpong order barriers)")

@@ -260,3 +260,62 @@ class DynamicConsumer(_DynamicBase):
         # Each thread's arrive (release) orders its own read before the producer's reuse.
         self.index_pipe.consumer_release(self._state)
         self._state.advance()
+
+
+# ---- Stream-K (config.stream_k) ------------------------------------------------------------------
+#
+# With T output tile clusters on G resident clusters, T // G full waves leave R = T % G tiles for a
+# last wave that would keep only R of the G clusters busy. Stream-K runs the full waves as whole
+# tiles (cluster c takes indices c, c + G, ... below the last full wave's end) and lays the last R
+# tiles' K blocks end to end, R * k_tiles "iterations", cut into G near-equal contiguous segments,
+# one per cluster. A segment crosses at most a few tile boundaries; each piece of it is a K range
+# of one tile. The cluster whose segment holds a tile's first K block owns that tile: it adds the
+# other pieces' partial sums to its accumulators, in cluster order (so the result is the same bits
+# every run), and runs the epilogue. Any other piece is a contributor: the first piece of its
+# segment, which it computes before anything it owns, so a cluster never waits on one that is
+# waiting itself, and every cluster is resident (the grid is persistent), so the owner's spin ends.
+#
+# Workspace (one int32 tensor per launch, the kernel's mCounter): R * cluster_size flags, zeroed
+# by the host and padded to STREAM_K_FLAG_ALIGN words, then one fp32 partial-sum slot of
+# tile_m * tile_n per CTA of the grid. A contributor writes its slot, then adds its K-block count
+# to the tile's flag (release); the owner waits until the flag holds every K block it did not
+# compute (acquire), then reads the slots.
+
+STREAM_K_FLAG_ALIGN = 32  # flag words before the partial sums: keeps those 128-byte aligned
+
+
+def stream_k_workspace_words(clusters: int, grid: int, cluster_size: int, tile_elems: int) -> int:
+    """Host side: the int32 words a launch's workspace needs (1 when there is no partial wave)."""
+    rem = clusters - (clusters // grid) * grid
+    if rem == 0:
+        return 1
+    return stream_k_flag_words(rem, cluster_size) + grid * cluster_size * tile_elems
+
+
+def stream_k_flag_words(rem, cluster_size):
+    """Flag words before the partial sums (host ints or device Int32s alike)."""
+    align = STREAM_K_FLAG_ALIGN
+    return (rem * cluster_size + align - 1) // align * align
+
+
+@cute.jit
+def stream_k_plan(params: RasterParams, k_tiles: Int32):
+    """Device side: (end of the whole-tile indices, K iterations shared by stream-K, grid)."""
+    total = params.clusters_m * params.clusters_n
+    grid = Int32(cute.arch.grid_dim()[2])
+    dp_end = (total // grid) * grid
+    return dp_end, (total - dp_end) * k_tiles, grid
+
+
+@cute.jit
+def stream_k_segment(c: Int32, grid: Int32, sk_iters: Int32):
+    """[start, end) of cluster c's share of the stream-K iterations."""
+    return (c * sk_iters) // grid, ((c + Int32(1)) * sk_iters) // grid
+
+
+@cute.jit
+def cta_in_cluster(params: RasterParams):
+    """This CTA's (m, n) position inside its cluster, as the static scheduler takes it."""
+    bidx, bidy, _ = cute.arch.block_idx()
+    cm, cn = params.cluster_shape_mn
+    return Int32(bidx % cm), Int32(bidy % cn)

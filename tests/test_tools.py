@@ -19,7 +19,7 @@ def test_lists_every_step_with_its_command():
     r = run("--list")
     assert r.returncode == 0
     steps = [line.split()[0] for line in r.stdout.splitlines()]
-    assert steps == ["tests_kernels", "tests_layer", "tests_all", "prefetch", "epi16", "tiles192", "largek", "hints", "retime", "narrow", "position", "bench_gemm", "sweep", "mlp", "profile", "cold", "clock", "full", "ncu"]
+    assert steps == ["tests_kernels", "tests_layer", "tests_all", "prefetch", "epi16", "tiles192", "largek", "hints", "retime", "narrow", "streamk", "position", "bench_gemm", "sweep", "mlp", "profile", "cold", "clock", "full", "ncu"]
     assert "pytest -q -m gpu tests/kernels" in r.stdout
     assert "python3 -m parallel_mlp.bench" in r.stdout
 

@@ -39,6 +39,9 @@
 #     narrow       the 128x160 pingpong tile: its GPU tests (bitwise twins of 128x128),
 #                  then held, fc1 and dy@W2 (+dact) at h=7168 (N = 14336 / 7168, where 192 leaves
 #                  a partial last wave) and dy@W2 at h=14336, beside the default (~4 min)
+#     streamk      stream-K (GemmConfig.stream_k): its GPU tests (reference, determinism, whole-tile
+#                  agreement), then held, the long-K GEMMs (fc2, dx, dW2, dW1) at h=14336 and 7168
+#                  beside the default (~5 min)
 #     position     three columns of the same kernel held in turn (dy@W2 +dact / plain, fc2, dx):
 #                  any spread between them is the timing protocol's, not the kernels' (~1 min)
 #   bash tools/gpu_run.sh --list          print the commands, run nothing
@@ -70,11 +73,12 @@ declare -A CMD=(
   [clock]="timeout 120 python3 tools/clock_probe.py --h 7168 && timeout 150 python3 tools/clock_probe.py --h 14336"
   [retime]="for h in 14336 7168; do timeout 280 python3 -m parallel_mlp.kernels.bench_gemm --h \$h --also consumers=pingpong,tile_n=128 --also consumers=pingpong,tile_n=192; done"
   [narrow]="timeout 200 python3 tools/pytest_shards.py 14 -m gpu tests/kernels/test_tile_narrow_gpu.py; timeout 200 python3 -m parallel_mlp.kernels.bench_gemm --h 7168 --only fc1,dpost --also tile_n=160; timeout 120 python3 -m parallel_mlp.kernels.bench_gemm --h 14336 --only dpost --also tile_n=160"
+  [streamk]="timeout 170 python3 tools/pytest_shards.py 12 -m gpu tests/kernels/test_stream_k_gpu.py; for h in 14336 7168; do timeout 150 python3 -m parallel_mlp.kernels.bench_gemm --h \$h --only fc2,dx,dW2,dW1 --also stream_k=1; done"
   [position]="timeout 200 python3 -m parallel_mlp.kernels.bench_gemm --h 14336 --only dpost,fc2,dx --also cache_hints=normal --also cache_hints=normal"
   [full]="timeout 570 python3 -m parallel_mlp.bench --budget-s 420 --json $OUT/bench.json"
   [ncu]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 5 --launch-count 5 --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis python3 -m parallel_mlp.kernels.profile_cases"
 )
-ORDER=(tests_kernels tests_layer tests_all prefetch epi16 tiles192 largek hints retime narrow position bench_gemm sweep mlp profile cold clock full ncu)
+ORDER=(tests_kernels tests_layer tests_all prefetch epi16 tiles192 largek hints retime narrow streamk position bench_gemm sweep mlp profile cold clock full ncu)
 
 steps=("$@")
 if [ ${#steps[@]} -eq 0 ]; then

@@ -54,3 +54,29 @@ def test_narrow_tile_validation():
     GemmConfig(128, 160, consumers="pingpong")  # 160 accumulators per thread, 5 subtiles of 32
     with pytest.raises(ValueError, match=r"tile_n=176: must be one of \(64, 128, 160, 192, 256\)"):
         GemmConfig(128, 176, consumers="pingpong", epi_n=16)
+
+
+def test_stream_k_validation():
+    assert GemmConfig(stream_k=True).key.endswith("_sk") and "_sk" not in GemmConfig().key
+    with pytest.raises(ValueError, match="stream-K needs consumers='cooperative' and scheduler='static'"):
+        GemmConfig(128, 128, consumers="pingpong", stream_k=True)
+    with pytest.raises(ValueError, match="stream-K needs consumers='cooperative' and scheduler='static'"):
+        GemmConfig(scheduler="dynamic", stream_k=True)
+    with pytest.raises(ValueError, match="stream_k=True with tile_m=256: stream-K tiles have at most 128 rows"):
+        GemmConfig(256, 128, stream_k=True)
+
+
+def test_stream_k_workspace_size():
+    """Flags for the partial wave's CTA tiles (zeroed, padded to 32 words), then one fp32 slot of
+    tile_m x tile_n per CTA of the grid; a single word when the waves are all full."""
+    import torch
+
+    from parallel_mlp.kernels.ops import _stream_k_workspace
+
+    # fc2 at h=7168 on 132 SMs: 32 x 16 clusters of 2 on 66 clusters, 50 left over
+    cfg = GemmConfig(128, 256, 2, 1, 16, stream_k=True)
+    ws = _stream_k_workspace(8192, 4096, cfg, torch.device("cpu"))
+    assert ws.dtype == torch.int32 and ws.numel() == 128 + 132 * 128 * 256
+    assert (ws[:128] == 0).all()
+    # 4 x 2 clusters on 66: one partial wave of 8, the grid shrinks to 8 clusters, 0 left over
+    assert _stream_k_workspace(1024, 512, cfg, torch.device("cpu")).numel() == 1

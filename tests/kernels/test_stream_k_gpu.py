@@ -1,0 +1,76 @@
+"""Stream-K (GemmConfig.stream_k) on an sm_90 GPU: the store and accumulate epilogues.
+
+The last partial wave's K blocks are split between clusters and summed through a workspace, so
+the bits differ from the whole-tile kernel's; what must hold is DESIGN.md's tolerance against
+the fp32 reference, the same bits on every run (the owner adds the partial sums in a fixed
+order), and agreement with the whole-tile kernel within rounding. `num_sms` shrinks the grid
+so that small problems have full waves, a partial last wave, tiles split two ways and tiles
+split many ways with some clusters' segments empty.
+"""
+
+import dataclasses
+
+import pytest
+import torch
+
+from test_ops_gpu import check, operand, requires_sm90  # same directory: pytest puts it on sys.path
+
+pytestmark = [pytest.mark.gpu, requires_sm90]
+
+
+def _configs(name):
+    from parallel_mlp.kernels.config import GemmConfig
+
+    return {
+        # 3 clusters of 2; (1000, 1048) is 4 x 5 cluster tiles: 6 full waves and 2 tiles split
+        # over the 3 clusters (one owner piece and one contributor piece each)
+        "c2x1_sm6": GemmConfig(128, 256, 2, 1, 16, num_sms=6, stream_k=True),
+        # 7 clusters of 1: on 8 tiles (512 x 512), 1 full wave, then one tile's K blocks over the
+        # 7 clusters (K = 448: one each; K = 200: 4 K blocks, so three clusters get none); on
+        # 16 tiles (500 x 1000), 2 full waves and 2 tiles 3.5 ways
+        "c1x1_sm7": GemmConfig(128, 256, 1, 1, 8, num_sms=7, stream_k=True),
+        # the MLP's shapes on the whole H200
+        "c2x1": GemmConfig(128, 256, 2, 1, 16, stream_k=True),
+    }[name]
+
+
+CASES = [
+    ("c2x1_sm6", (1000, 4000, 1048)),
+    ("c1x1_sm7", (512, 448, 512)),
+    ("c1x1_sm7", (512, 200, 512)),
+    ("c1x1_sm7", (500, 4000, 1000)),
+    ("c2x1", (8192, 7168, 4096)),  # fc2 at h=7168: 7.76 waves of 128x256
+]
+
+
+@pytest.mark.parametrize("name,shape", CASES)
+@pytest.mark.parametrize("b_major", ["row", "col"])
+def test_stream_k_gemm(name, shape, b_major):
+    from parallel_mlp.kernels import ops
+
+    cfg = _configs(name)
+    m, k, n = shape
+    a = operand(m, k, "row", torch.bfloat16, k ** -0.5)
+    b = operand(k, n, b_major, torch.bfloat16)
+    got = ops.gemm(a, b, config=cfg)
+    check(got, a.float() @ b.float(), a @ b, f"{name} stream-K gemm {shape} b:{b_major}")
+    assert torch.equal(got, ops.gemm(a, b, config=cfg)), f"{name}: stream-K gemm {shape} not deterministic"
+    whole = ops.gemm(a, b, config=dataclasses.replace(cfg, stream_k=False))
+    check(got, a.float() @ b.float(), whole, f"{name} stream-K vs whole tiles {shape}")
+
+
+@pytest.mark.parametrize("name,shape", CASES[:4] + [("c2x1", (4096, 8192, 7168))])  # dW2 at h=7168
+def test_stream_k_accumulate(name, shape):
+    from parallel_mlp.kernels import ops
+
+    cfg = dataclasses.replace(_configs(name), l2_prefetch=True)
+    m, k, n = shape
+    a = operand(m, k, "col", torch.bfloat16, k ** -0.5)
+    b = operand(k, n, "row", torch.bfloat16)
+    base = torch.randn(m, n, device="cuda")
+    got, again = base.clone(), base.clone()
+    for _ in range(2):
+        ops.gemm(a, b, out=got, accumulate=True, config=cfg)
+        ops.gemm(a, b, out=again, accumulate=True, config=cfg)
+    check(got, base + 2 * (a.float() @ b.float()), base + 2 * (a @ b).float(), f"{name} stream-K accumulate {shape}")
+    assert torch.equal(got, again), f"{name}: stream-K accumulate {shape} not deterministic"
