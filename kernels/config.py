@@ -11,6 +11,7 @@ Problem sizes and strides stay dynamic, so one compiled kernel serves every shap
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -240,6 +241,29 @@ def big_pingpong_config(m: int, n: int, num_sms: int = DEFAULT_NUM_SMS, kind: st
                       l2_prefetch=kind == "accumulate", **dact)
 
 
+# Stream-K (GemmConfig.stream_k) is picked where whole tiles would waste at least this share of
+# the time in the last wave: (1 - R/G) / (W + 1) for W full waves and R of G clusters busy in the
+# last. Held on an H200 (NOTES.md, session 8), stream-K realized about half of that share, less
+# ~1.5%: fc2 / dx at T=2304 (27% predicted) ran 14-16% faster, at T=4352 (18%) 10%; at T=8192
+# (3%) even or within 2% either way.
+STREAM_K_MIN_WASTE = 0.05
+
+
+def with_stream_k(cfg: GemmConfig, m: int, n: int, kind: str) -> GemmConfig:
+    """cfg with stream_k on where its last wave would leave enough of the grid idle
+    (STREAM_K_MIN_WASTE). Only cooperative static tiles of up to 128 rows, and never the dact;
+    store and act decide alike, so that recompute's plain replay of fc1 rounds the same sums."""
+    if kind == "dact" or cfg.consumers != "cooperative" or cfg.scheduler != "static" or cfg.tile_m > 128:
+        return cfg
+    cs = cfg.cluster_m * cfg.cluster_n
+    clusters = -(-(-(-m // cfg.tile_m)) // cfg.cluster_m) * -(-(-(-n // cfg.tile_n)) // cfg.cluster_n)
+    grid = min(clusters, cfg.num_sms // cs)
+    waves, rem = divmod(clusters, grid)
+    if rem and (1 - rem / grid) / (waves + 1) >= STREAM_K_MIN_WASTE:
+        return dataclasses.replace(cfg, stream_k=True)
+    return cfg
+
+
 @functools.lru_cache(maxsize=4096)  # on every launch's path; a pure function of its arguments
 def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind: str = "store") -> GemmConfig:
     """Pick a config for an (M, N, K) problem and an epilogue kind without timing anything.
@@ -270,12 +294,12 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
         # act takes the same choice as store: recompute replays fc1's act GEMM as a plain one
         # and relies on the same config giving the same bits.
         if k >= COOPERATIVE_MIN_K and kind != "dact":
-            return GemmConfig(128, 256, cm, 1, 16, num_sms, l2_prefetch=pf)
+            return with_stream_k(GemmConfig(128, 256, cm, 1, 16, num_sms, l2_prefetch=pf), m, n, kind)
         return big_pingpong_config(m, n, num_sms, kind)
     if n > 128 and waves(128, 256) >= 1:
-        return GemmConfig(128, 256, cm, 1, 8, num_sms, l2_prefetch=pf)
+        return with_stream_k(GemmConfig(128, 256, cm, 1, 8, num_sms, l2_prefetch=pf), m, n, kind)
     if waves(128, 128) >= 1:
-        return GemmConfig(128, 128, 1, 1, 8, num_sms, l2_prefetch=pf)
+        return with_stream_k(GemmConfig(128, 128, 1, 1, 8, num_sms, l2_prefetch=pf), m, n, kind)
     return GemmConfig(128, 64 if n <= 64 else 128, 1, 1, 8, num_sms, l2_prefetch=pf)
 
 

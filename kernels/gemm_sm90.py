@@ -89,10 +89,10 @@ class PersistentGemmSm90:
         self.max_active_clusters = config.num_sms // (config.cluster_m * config.cluster_n)
         self.dynamic = config.scheduler == "dynamic"
         self.stream_k = config.stream_k
-        if self.stream_k and (epilogue.kind not in ("store", "accumulate") or epilogue.has_bias):
-            # Only the owner of a tile runs its epilogue; the preact ring and the bias path
-            # assume every tile of the sequence does.
-            raise ValueError(f"{config.key} {epilogue.key}: stream-K serves the store and accumulate epilogues")
+        if self.stream_k and epilogue.kind == "dact":
+            # Only the owner of a tile runs its epilogue; the dact's preact ring is loaded ahead
+            # of every tile's mainloop, which a contributor piece would leave unconsumed.
+            raise ValueError(f"{config.key} {epilogue.key}: stream-K serves the store, accumulate and act epilogues")
         # dact with dact_prefetch 2 or 3: dpreact is written in place over its preact subtile
         # and stored from there, which frees the dpreact buffers for a preact ring of
         # dact_prefetch + 1 slots (else a two-slot ring, one load ahead).

@@ -80,3 +80,26 @@ def test_stream_k_workspace_size():
     assert (ws[:128] == 0).all()
     # 4 x 2 clusters on 66: one partial wave of 8, the grid shrinks to 8 clusters, 0 left over
     assert _stream_k_workspace(1024, 512, cfg, torch.device("cpu")).numel() == 1
+
+
+def test_stream_k_where_the_last_wave_is_light():
+    """default_config turns stream-K on where whole tiles would idle >= 5% of the time in the
+    last wave, for store, act and accumulate alike (recompute's plain replay of fc1 must round
+    the same sums as the forward's act), never for the dact or a pingpong config."""
+    from parallel_mlp.kernels.config import STREAM_K_MIN_WASTE, default_config, with_stream_k
+
+    # fc2 / dx at T=2304: 9 x 16 clusters of 2 on 66: 2 full waves and 12 of 66 busy in the third
+    for kind in ("store", "act", "accumulate"):
+        assert default_config(2304, 4096, 14336, kind=kind).stream_k, kind
+    assert default_config(4352, 4096, 28672).stream_k  # 4 waves + 8 of 66: 17.6% idle
+    # The MLP at T=8192: 7 full waves + 50 of 66 (3% idle), the wgrads alike: whole tiles
+    for m, n, k in ((8192, 4096, 14336), (8192, 4096, 28672), (4096, 14336, 8192), (28672, 4096, 8192)):
+        assert not default_config(m, n, k, kind="accumulate" if k == 8192 else "store").stream_k, (m, n, k)
+    # whole waves only (8 x 33 clusters = 4 x 66), and pingpong / dact configs
+    assert not default_config(2048, 8448, 8192).stream_k
+    assert not default_config(2304, 4096, 14336, kind="dact").stream_k
+    pp = GemmConfig(128, 192, 2, 1, 16, consumers="pingpong")
+    assert with_stream_k(pp, 2304, 4096, "store") == pp
+    # the rule itself: 2 + 12/66 waves leave (1 - 12/66) / 3 = 27% idle
+    cfg = GemmConfig(128, 256, 2, 1, 16)
+    assert with_stream_k(cfg, 2304, 4096, "store").stream_k and (1 - 12 / 66) / 3 >= STREAM_K_MIN_WASTE

@@ -74,3 +74,26 @@ def test_stream_k_accumulate(name, shape):
         ops.gemm(a, b, out=again, accumulate=True, config=cfg)
     check(got, base + 2 * (a.float() @ b.float()), base + 2 * (a @ b).float(), f"{name} stream-K accumulate {shape}")
     assert torch.equal(got, again), f"{name}: stream-K accumulate {shape} not deterministic"
+
+
+@pytest.mark.parametrize("name,shape", [CASES[0], CASES[2]])
+@pytest.mark.parametrize("act,bias", [("swiglu", True), ("gelu_tanh_approx", False)])
+def test_stream_k_gemm_act(name, shape, act, bias):
+    """The act epilogue on stream-K, and the property recompute relies on: without a bias, its
+    preact is bit for bit the plain stream-K GEMM's output (both sum the same pieces in order)."""
+    from parallel_mlp.activations import ACTIVATIONS
+    from parallel_mlp.kernels import ops
+
+    A = ACTIVATIONS[act]
+    cfg = _configs(name)
+    m, k, n = shape
+    x = operand(m, k, "row", torch.bfloat16, k ** -0.5)
+    w = operand(k, n, "col", torch.bfloat16)
+    b = torch.randn(n, device="cuda").to(torch.bfloat16) if bias else None
+    pre, post = ops.gemm_act(x, w, act, bias=b, config=cfg)
+    ref = x.float() @ w.float() + (b.float() if bias else 0)
+    lowp = x @ w + (b if bias else 0)
+    check(pre, ref, lowp, f"{name} stream-K preact {act} {shape}")
+    check(post, A.forward(ref), A.forward(lowp), f"{name} stream-K postact {act} {shape}")
+    if not bias:
+        assert torch.equal(pre, ops.gemm(x, w, config=cfg)), f"{name}: stream-K act preact != plain GEMM"
