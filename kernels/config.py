@@ -5,7 +5,7 @@ CTA tile, cluster shape, rasterization group, the SM count the persistent grid i
 the tile scheduler ("static", the default, or "dynamic": an atomic tile counter; see
 tile_scheduler.py) and the consumer schedule ("cooperative", the default: two warpgroups split
 one tile; or "pingpong": each warpgroup owns a whole tile and the two alternate, see
-gemm_sm90.py).
+gemm_sm90.py), and whether the last partial wave runs stream-K (``stream_k``).
 Problem sizes and strides stay dynamic, so one compiled kernel serves every shape of a layout.
 """
 

@@ -11,7 +11,8 @@ shared memory and TMA stores. Both sides walk the same persistent tile sequence
 prefetching the next tile's A and B into the ring. With the static scheduler (default) each side
 computes the sequence itself; with the dynamic one (config.scheduler == "dynamic") the producer
 claims tiles from a global atomic counter and passes each index to the consumers through a
-shared-memory ring of tile indices.
+shared-memory ring of tile indices. With config.stream_k the last partial wave's K blocks are
+shared by all clusters instead, and each tile's owner sums the pieces (tile_scheduler, "Stream-K").
 
 Operand majorness is a compile-time property: A may be K-major (row-major [M, K]) or M-major,
 B may be K-major or N-major; D is row-major. M, N, K and the leading strides are dynamic, so a
