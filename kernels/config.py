@@ -249,16 +249,25 @@ def big_pingpong_config(m: int, n: int, num_sms: int = DEFAULT_NUM_SMS, kind: st
 STREAM_K_MIN_WASTE = 0.05
 
 
+def cluster_waves(cfg: GemmConfig, m: int, n: int) -> tuple[int, int, int]:
+    """(full waves, clusters in the last partial wave, grid clusters) of cfg's persistent grid
+    over an M x N output."""
+    clusters = -(-(-(-m // cfg.tile_m)) // cfg.cluster_m) * -(-(-(-n // cfg.tile_n)) // cfg.cluster_n)
+    grid = min(clusters, cfg.num_sms // (cfg.cluster_m * cfg.cluster_n))
+    return (*divmod(clusters, grid), grid)
+
+
+def has_partial_wave(cfg: GemmConfig, m: int, n: int) -> bool:
+    return cluster_waves(cfg, m, n)[1] > 0
+
+
 def with_stream_k(cfg: GemmConfig, m: int, n: int, kind: str) -> GemmConfig:
     """cfg with stream_k on where its last wave would leave enough of the grid idle
     (STREAM_K_MIN_WASTE). Only cooperative static tiles of up to 128 rows, and never the dact;
     store and act decide alike, so that recompute's plain replay of fc1 rounds the same sums."""
     if kind == "dact" or cfg.consumers != "cooperative" or cfg.scheduler != "static" or cfg.tile_m > 128:
         return cfg
-    cs = cfg.cluster_m * cfg.cluster_n
-    clusters = -(-(-(-m // cfg.tile_m)) // cfg.cluster_m) * -(-(-(-n // cfg.tile_n)) // cfg.cluster_n)
-    grid = min(clusters, cfg.num_sms // cs)
-    waves, rem = divmod(clusters, grid)
+    waves, rem, grid = cluster_waves(cfg, m, n)
     if rem and (1 - rem / grid) / (waves + 1) >= STREAM_K_MIN_WASTE:
         return dataclasses.replace(cfg, stream_k=True)
     return cfg

@@ -210,15 +210,14 @@ def _stream_k_workspace(m: int, n: int, cfg, device: torch.device) -> torch.Tens
     """The int32 workspace of one stream-K launch (tile_scheduler, "Stream-K"): its flags zeroed,
     its partial-sum slots left as they are (each is written before it is read). Fresh per launch
     for the reasons _tile_counter gives."""
+    from .config import cluster_waves
     from .tile_scheduler import stream_k_flag_words, stream_k_workspace_words
 
-    cm, cn = cfg.cluster_m, cfg.cluster_n
-    clusters = -(-(-(-m // cfg.tile_m)) // cm) * -(-(-(-n // cfg.tile_n)) // cn)
-    grid = min(clusters, cfg.num_sms // (cm * cn))
-    ws = torch.empty(stream_k_workspace_words(clusters, grid, cm * cn, cfg.tile_m * cfg.tile_n),
+    cs = cfg.cluster_m * cfg.cluster_n
+    waves, rem, grid = cluster_waves(cfg, m, n)
+    ws = torch.empty(stream_k_workspace_words(waves * grid + rem, grid, cs, cfg.tile_m * cfg.tile_n),
                      dtype=torch.int32, device=device)
-    rem = clusters % grid
-    ws[: stream_k_flag_words(rem, cm * cn) if rem else 1].zero_()
+    ws[: stream_k_flag_words(rem, cs) if rem else 1].zero_()
     return ws
 
 

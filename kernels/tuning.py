@@ -21,7 +21,7 @@ from dataclasses import asdict
 import torch
 
 from .compile import cache_dir
-from .config import TUNE_CANDIDATES, GemmConfig, big_pingpong_config, default_config, is_big
+from .config import TUNE_CANDIDATES, GemmConfig, big_pingpong_config, default_config, has_partial_wave, is_big
 
 _lock = threading.Lock()
 _choices: dict | None = None
@@ -160,6 +160,11 @@ def tuned_config(spec, a, bk, d_dtype, num_sms: int) -> GemmConfig:
     if is_big(m, n, num_sms):
         pingpong = big_pingpong_config(m, n, num_sms, spec.kind)
         candidates += [pingpong, dataclasses.replace(pingpong, tile_n=128)]
+    sk_able = (default.consumers, default.scheduler) == ("cooperative", "static") and default.tile_m <= 128
+    if sk_able and spec.kind != "dact" and has_partial_wave(default, m, n):
+        # Stream-K against whole tiles at the default's tile, whichever way the default's rule
+        # (config.with_stream_k) decided.
+        candidates.append(dataclasses.replace(default, stream_k=not default.stream_k))
     run = _candidate_runner(spec, a, bk.t(), d_dtype)
     runnable = []
     for cfg in dict.fromkeys(candidates):

@@ -49,3 +49,23 @@ def test_big_shapes_time_the_pingpong_and_cooperative_configs(tuning, monkeypatc
     monkeypatch.setattr(tuning, "_choices", None)
     seen.clear()
     assert tuning.tuned_config(spec, a, bk, torch.bfloat16, 132) == pingpong and not seen
+
+
+def test_stream_k_competes_where_the_last_wave_is_partial(tuning, monkeypatch):
+    """fc2 at T=2304 (a light last wave): the default is stream-K, and whole tiles at the same
+    tile compete with it; at T=8192 the default is whole tiles and stream-K competes."""
+    import dataclasses
+
+    from parallel_mlp.kernels.config import default_config
+    from parallel_mlp.kernels.epilogue_spec import EpilogueSpec
+
+    spec = EpilogueSpec("store")
+    for m, k in ((2304, 14336), (8192, 14336)):
+        n = 4096
+        default = default_config(m, n, k, 132, "store")
+        other = dataclasses.replace(default, stream_k=not default.stream_k)
+        seen = fake_timing(tuning, monkeypatch, fastest=other)
+        a = torch.empty(m, k, dtype=torch.bfloat16)
+        bk = torch.empty(n, k, dtype=torch.bfloat16)
+        assert tuning.tuned_config(spec, a, bk, torch.bfloat16, 132) == other
+        assert default in seen and other in seen and default.stream_k == (m == 2304)
