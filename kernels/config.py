@@ -247,6 +247,10 @@ def big_pingpong_config(m: int, n: int, num_sms: int = DEFAULT_NUM_SMS, kind: st
 # ~1.5%: fc2 / dx at T=2304 (27% predicted) ran 14-16% faster, at T=4352 (18%) 10%; at T=8192
 # (3%) even or within 2% either way.
 STREAM_K_MIN_WASTE = 0.05
+# ... and only where K is long enough that a contributor's fp32 partial tile (written once, read
+# once: 128 KB at 128x256) stays small beside its mainloop's operand traffic (~1.5 MB per 64 K
+# blocks at 128x256); the measured gains were at K = 14336 and 28672.
+STREAM_K_MIN_K = 4096
 
 
 def cluster_waves(cfg: GemmConfig, m: int, n: int) -> tuple[int, int, int]:
@@ -261,11 +265,14 @@ def has_partial_wave(cfg: GemmConfig, m: int, n: int) -> bool:
     return cluster_waves(cfg, m, n)[1] > 0
 
 
-def with_stream_k(cfg: GemmConfig, m: int, n: int, kind: str) -> GemmConfig:
+def with_stream_k(cfg: GemmConfig, m: int, n: int, k: int, kind: str) -> GemmConfig:
     """cfg with stream_k on where its last wave would leave enough of the grid idle
-    (STREAM_K_MIN_WASTE). Only cooperative static tiles of up to 128 rows, and never the dact;
-    store and act decide alike, so that recompute's plain replay of fc1 rounds the same sums."""
+    (STREAM_K_MIN_WASTE) and K is long (STREAM_K_MIN_K). Only cooperative static tiles of up to
+    128 rows, and never the dact; store and act decide alike, so that recompute's plain replay
+    of fc1 rounds the same sums."""
     if kind == "dact" or cfg.consumers != "cooperative" or cfg.scheduler != "static" or cfg.tile_m > 128:
+        return cfg
+    if k < STREAM_K_MIN_K:
         return cfg
     waves, rem, grid = cluster_waves(cfg, m, n)
     if rem and (1 - rem / grid) / (waves + 1) >= STREAM_K_MIN_WASTE:
@@ -303,12 +310,12 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
         # act takes the same choice as store: recompute replays fc1's act GEMM as a plain one
         # and relies on the same config giving the same bits.
         if k >= COOPERATIVE_MIN_K and kind != "dact":
-            return with_stream_k(GemmConfig(128, 256, cm, 1, 16, num_sms, l2_prefetch=pf), m, n, kind)
+            return with_stream_k(GemmConfig(128, 256, cm, 1, 16, num_sms, l2_prefetch=pf), m, n, k, kind)
         return big_pingpong_config(m, n, num_sms, kind)
     if n > 128 and waves(128, 256) >= 1:
-        return with_stream_k(GemmConfig(128, 256, cm, 1, 8, num_sms, l2_prefetch=pf), m, n, kind)
+        return with_stream_k(GemmConfig(128, 256, cm, 1, 8, num_sms, l2_prefetch=pf), m, n, k, kind)
     if waves(128, 128) >= 1:
-        return with_stream_k(GemmConfig(128, 128, 1, 1, 8, num_sms, l2_prefetch=pf), m, n, kind)
+        return with_stream_k(GemmConfig(128, 128, 1, 1, 8, num_sms, l2_prefetch=pf), m, n, k, kind)
     return GemmConfig(128, 64 if n <= 64 else 128, 1, 1, 8, num_sms, l2_prefetch=pf)
 
 

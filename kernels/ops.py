@@ -239,6 +239,15 @@ def _launch(spec: EpilogueSpec, a, bk, d=None, post=None, prein=None, dpre=None,
     from .compile import KernelKey, get_kernel
 
     cfg = _pick_config(spec, a, bk, d_dtype, config, tuned)
+    if cfg.stream_k:
+        dev = a.device.index if a.device.index is not None else torch.cuda.current_device()
+        if cfg.num_sms > _num_sms(dev):
+            # A tile's owner spins until the later clusters' pieces arrive: all of them must be
+            # able to run at once, which a grid sized for more SMs than the GPU has cannot promise.
+            raise ValueError(
+                f"config.num_sms={cfg.num_sms} with stream_k=True on a GPU with {_num_sms(dev)} SMs: "
+                "stream-K needs num_sms <= the device's SM count"
+            )
     key = KernelKey(
         spec, cfg, _DTYPE_NAMES[a.dtype], _major(a), _major(bk), _DTYPE_NAMES[d_dtype],
         _DTYPE_NAMES[bias.dtype] if bias is not None else None,

@@ -7,6 +7,11 @@ timing.DEFAULT_HOLD_S, three each, ~30 s per problem), so the choice is the fast
 gets running alone; shorter turns measured the card's clock swing rather than the candidates.
 Timing runs the real op on the caller's tensors, into scratch outputs, so it never writes to the
 caller's outputs.
+
+Each epilogue kind is tuned on its own. Whole-tile configs sum every output element in the same
+order whatever their tile, but stream-K's sums depend on its split: a tuned act and a tuned plain
+GEMM of one shape need not round the same preact. The layer never tunes (recompute relies on that
+equality), so this concerns direct callers of the ops only.
 """
 
 from __future__ import annotations

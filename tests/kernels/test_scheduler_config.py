@@ -84,9 +84,9 @@ def test_stream_k_workspace_size():
 
 def test_stream_k_where_the_last_wave_is_light():
     """default_config turns stream-K on where whole tiles would idle >= 5% of the time in the
-    last wave, for store, act and accumulate alike (recompute's plain replay of fc1 must round
+    last wave and K >= 4096, for store, act and accumulate alike (recompute's plain replay of fc1 must round
     the same sums as the forward's act), never for the dact or a pingpong config."""
-    from parallel_mlp.kernels.config import STREAM_K_MIN_WASTE, default_config, with_stream_k
+    from parallel_mlp.kernels.config import STREAM_K_MIN_K, STREAM_K_MIN_WASTE, default_config, with_stream_k
 
     # fc2 / dx at T=2304: 9 x 16 clusters of 2 on 66: 2 full waves and 12 of 66 busy in the third
     for kind in ("store", "act", "accumulate"):
@@ -99,7 +99,9 @@ def test_stream_k_where_the_last_wave_is_light():
     assert not default_config(2048, 8448, 8192).stream_k
     assert not default_config(2304, 4096, 14336, kind="dact").stream_k
     pp = GemmConfig(128, 192, 2, 1, 16, consumers="pingpong")
-    assert with_stream_k(pp, 2304, 4096, "store") == pp
+    assert with_stream_k(pp, 2304, 4096, 14336, "store") == pp
     # the rule itself: 2 + 12/66 waves leave (1 - 12/66) / 3 = 27% idle
     cfg = GemmConfig(128, 256, 2, 1, 16)
-    assert with_stream_k(cfg, 2304, 4096, "store").stream_k and (1 - 12 / 66) / 3 >= STREAM_K_MIN_WASTE
+    assert with_stream_k(cfg, 2304, 4096, 14336, "store").stream_k and (1 - 12 / 66) / 3 >= STREAM_K_MIN_WASTE
+    # but not at short K, where the partial sums' traffic is a large share of a tile's
+    assert not with_stream_k(cfg, 2304, 4096, STREAM_K_MIN_K - 64, "store").stream_k
