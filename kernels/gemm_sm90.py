@@ -437,16 +437,9 @@ class PersistentGemmSm90:
                 else:
                     work = sched.initial_work_tile_info()
                     while work.is_valid_tile:
-                        tc = work.tile_idx
-                        state = mainloop.produce_tile(
-                            ab_pipeline, state,
-                            tma_a, tAgA[(None, tc[0], None, tc[2])], tAsA, a_mask,
-                            tma_b, tBgB[(None, tc[1], None, tc[2])], tBsB, b_mask,
-                            k_tiles,
-                            # the L2 prefetch of this tile's epilogue input (tma_f None: none)
-                            tma_f, gF[(None, tc[0], None, 0)] if cutlass.const_expr(gF is not None) else None,
-                            tc[1] * num_sub, num_sub,
-                            self._policy(0),
+                        state = self._produce_tile_at(
+                            ab_pipeline, state, work.tile_idx, tma_a, tAgA, tAsA, a_mask, tma_b, tBgB, tBsB, b_mask,
+                            k_tiles, tma_f, gF, num_sub,
                         )
                         sched.advance_to_next_work()
                         work = sched.get_current_work()
@@ -556,15 +549,9 @@ class PersistentGemmSm90:
         c = cutlass.Int32(cute.arch.block_idx()[2])
         idx = c
         while idx < dp_end:
-            tc = tile_scheduler.work_at(sched_params, idx, cta).tile_idx
-            state = mainloop.produce_tile(
-                ab_pipeline, state,
-                tma_a, tAgA[(None, tc[0], None, tc[2])], tAsA, a_mask,
-                tma_b, tBgB[(None, tc[1], None, tc[2])], tBsB, b_mask,
-                k_tiles,
-                tma_f, gF[(None, tc[0], None, 0)] if cutlass.const_expr(gF is not None) else None,
-                tc[1] * num_sub, num_sub,
-                self._policy(0),
+            state = self._produce_tile_at(
+                ab_pipeline, state, tile_scheduler.work_at(sched_params, idx, cta).tile_idx,
+                tma_a, tAgA, tAsA, a_mask, tma_b, tBgB, tBsB, b_mask, k_tiles, tma_f, gF, num_sub,
             )
             idx += grid
         it, end = tile_scheduler.stream_k_segment(c, grid, sk_iters)
@@ -572,15 +559,29 @@ class PersistentGemmSm90:
             t = it // k_tiles
             k0 = it - t * k_tiles
             k1 = cutlass.min(k_tiles, end - t * k_tiles)
-            tc = tile_scheduler.work_at(sched_params, dp_end + t, cta).tile_idx
-            state = mainloop.produce_tile(
-                ab_pipeline, state,
-                tma_a, tAgA[(None, tc[0], None, tc[2])], tAsA, a_mask,
-                tma_b, tBgB[(None, tc[1], None, tc[2])], tBsB, b_mask,
-                k1 - k0, cache_policy=self._policy(0), k_begin=k0,
+            state = self._produce_tile_at(
+                ab_pipeline, state, tile_scheduler.work_at(sched_params, dp_end + t, cta).tile_idx,
+                tma_a, tAgA, tAsA, a_mask, tma_b, tBgB, tBsB, b_mask, k1 - k0, None, None, num_sub, k_begin=k0,
             )
             it = (t + 1) * k_tiles
         return state
+
+    @cute.jit
+    def _produce_tile_at(
+        self, ab_pipeline, state, tc, tma_a, tAgA, tAsA, a_mask, tma_b, tBgB, tBsB, b_mask, k_count,
+        tma_f, gF, num_sub: cutlass.Constexpr, k_begin=None,
+    ):
+        """Load k_count K slices (from k_begin, else from 0) of output tile tc's A and B rows; with
+        a prefetch view gF, also prefetch the tile's epilogue input into L2 (tma_f None: none)."""
+        return mainloop.produce_tile(
+            ab_pipeline, state,
+            tma_a, tAgA[(None, tc[0], None, tc[2])], tAsA, a_mask,
+            tma_b, tBgB[(None, tc[1], None, tc[2])], tBsB, b_mask,
+            k_count,
+            tma_f, gF[(None, tc[0], None, 0)] if cutlass.const_expr(gF is not None) else None,
+            tc[1] * num_sub, num_sub,
+            self._policy(0), k_begin=k_begin,
+        )
 
     @cute.jit
     def _consume_stream_k(
