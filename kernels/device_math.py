@@ -3,7 +3,7 @@
 ``parallel_mlp.activations`` writes every activation once, as a function of fp32 values and a
 namespace ``m`` of primitives. The reference backend passes torch ops; the kernels' epilogues pass
 :data:`DEVICE_MATH`, whose primitives lower to PTX on fp32 registers. So the epilogue of a fused
-kernel evaluates the very formula the reference does, and only these four primitives differ.
+kernel evaluates the very formula the reference does, and only these six primitives differ.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from cutlass import Float32
 
 
 class DeviceMath:
-    """tanh / sigmoid / relu / step on fp32 scalars inside a ``@cute.jit`` trace."""
+    """tanh / sigmoid / relu / step / erf / exp on fp32 scalars inside a ``@cute.jit`` trace."""
 
     @staticmethod
     def tanh(x):
@@ -38,6 +38,17 @@ class DeviceMath:
     def step(x):
         # 1 where x > 0 else 0, matching torch's relu derivative (0 at 0).
         return cutlass.select_(Float32(x) > Float32(0.0), Float32(1.0), Float32(0.0))
+
+    @staticmethod
+    def erf(x):
+        # The accurate lowering (a short polynomial, no special-function unit): the exact GELU is
+        # chosen for its agreement with checkpoints trained with F.gelu, so keep it to ~1 ulp.
+        return cute.math.erf(Float32(x))
+
+    @staticmethod
+    def exp(x):
+        # ex2.approx with a scaled argument: ~2 ulp, the same path the sigmoid above takes.
+        return cute.math.exp(Float32(x), fastmath=True)
 
 
 DEVICE_MATH = DeviceMath()

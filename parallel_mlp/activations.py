@@ -1,7 +1,7 @@
 """Every activation's math, forward and derivative, written once.
 
 Each formula is a plain function of its inputs and of a small math namespace ``m`` that supplies
-the few primitives the formulas need (``tanh``, ``sigmoid``, ``relu``, ``step``). The reference
+the few primitives the formulas need (``tanh``, ``sigmoid``, ``relu``, ``step``, ``erf``, ``exp``). The reference
 backend evaluates them with :data:`TORCH_MATH` on fp32 tensors; the CuTe kernels evaluate the very
 same functions with a namespace of device intrinsics on fp32 registers. So there is one source of
 truth per activation, and the kernels' device math is tested against this module.
@@ -20,6 +20,9 @@ import torch
 
 # sqrt(2 / pi), the constant of the tanh approximation of GELU.
 _GELU_C = math.sqrt(2.0 / math.pi)
+# 1 / sqrt(2) and 1 / sqrt(2 pi), the constants of the exact (erf) GELU and its derivative.
+_INV_SQRT2 = 1.0 / math.sqrt(2.0)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 _GELU_A = 0.044715
 # The sigmoid slope of OpenAI's SwiGLU variant (gpt-oss).
 _OAI_ALPHA = 1.702
@@ -31,6 +34,8 @@ class TorchMath:
     tanh = staticmethod(torch.tanh)
     sigmoid = staticmethod(torch.sigmoid)
     relu = staticmethod(torch.relu)
+    erf = staticmethod(torch.erf)
+    exp = staticmethod(torch.exp)
 
     @staticmethod
     def step(x):
@@ -51,6 +56,16 @@ def gelu_tanh_approx(x, m):
 def gelu_tanh_approx_grad(x, m):
     t = m.tanh(_GELU_C * (x + _GELU_A * x * x * x))
     return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * (_GELU_C * (1.0 + 3.0 * _GELU_A * x * x))
+
+
+def gelu(x, m):
+    """The exact GELU, x * Phi(x): torch's and Megatron's default ``F.gelu``, HF's ``"gelu"``."""
+    return 0.5 * x * (1.0 + m.erf(_INV_SQRT2 * x))
+
+
+def gelu_grad(x, m):
+    # Phi(x) + x * phi(x), with phi the standard normal density.
+    return 0.5 * (1.0 + m.erf(_INV_SQRT2 * x)) + x * (_INV_SQRT_2PI * m.exp(-0.5 * x * x))
 
 
 def relu(x, m):
@@ -107,6 +122,14 @@ def geglu(g, u, m):
 
 def geglu_grad(g, u, m):
     return u * gelu_tanh_approx_grad(g, m), gelu_tanh_approx(g, m)
+
+
+def geglu_erf(g, u, m):
+    return gelu(g, m) * u
+
+
+def geglu_erf_grad(g, u, m):
+    return u * gelu_grad(g, m), gelu(g, m)
 
 
 def glu(g, u, m):
@@ -172,12 +195,14 @@ ACTIVATIONS: dict[str, Activation] = {
     a.name: a
     for a in (
         Activation("gelu_tanh_approx", False, gelu_tanh_approx, gelu_tanh_approx_grad),
+        Activation("gelu", False, gelu, gelu_grad),
         Activation("relu", False, relu, relu_grad),
         Activation("relu_sq", False, relu_sq, relu_sq_grad),
         Activation("swiglu", True, swiglu, swiglu_grad),
         Activation("swiglu_oai", True, swiglu_oai, swiglu_oai_grad),
         Activation("reglu", True, reglu, reglu_grad),
         Activation("geglu", True, geglu, geglu_grad),
+        Activation("geglu_erf", True, geglu_erf, geglu_erf_grad),
         Activation("glu", True, glu, glu_grad),
     )
 }

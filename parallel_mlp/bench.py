@@ -447,12 +447,14 @@ def eager_activation(name: str):
 
     table = {
         "gelu_tanh_approx": lambda x: F.gelu(x, approximate="tanh"),
+        "gelu": F.gelu,
         "relu": F.relu,
         "relu_sq": lambda x: F.relu(x).square(),
         "swiglu": gated(lambda g, u: F.silu(g) * u),
         "swiglu_oai": gated(lambda g, u: g * torch.sigmoid(1.702 * g) * (u + 1)),
         "reglu": gated(lambda g, u: F.relu(g) * u),
         "geglu": gated(lambda g, u: F.gelu(g, approximate="tanh") * u),
+        "geglu_erf": gated(lambda g, u: F.gelu(g) * u),
         "glu": gated(lambda g, u: torch.sigmoid(g) * u),
     }
     return table[name]

@@ -16,10 +16,12 @@ GATED = {
     "swiglu_oai": lambda g, u: g * torch.sigmoid(1.702 * g) * (u + 1),
     "reglu": lambda g, u: F.relu(g) * u,
     "geglu": lambda g, u: _gelu_tanh(g) * u,
+    "geglu_erf": lambda g, u: F.gelu(g) * u,
     "glu": lambda g, u: torch.sigmoid(g) * u,
 }
 PLAIN = {
     "gelu_tanh_approx": _gelu_tanh,
+    "gelu": F.gelu,
     "relu": F.relu,
     "relu_sq": lambda x: F.relu(x) ** 2,
 }

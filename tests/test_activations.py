@@ -8,7 +8,7 @@ from parallel_mlp import ACTIVATIONS, get_activation
 from parallel_mlp.activations import TORCH_MATH
 
 
-def test_all_eight_are_registered():
+def test_every_activation_is_registered():
     assert sorted(ACTIVATIONS) == sorted(reference.NAMES)
     for name, act in ACTIVATIONS.items():
         assert act.gated == reference.is_gated(name)
