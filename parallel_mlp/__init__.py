@@ -4,10 +4,12 @@ from .activations import ACTIVATIONS, Activation, get_activation
 from .backends import BACKENDS
 from .layer import ParallelMLP, parallel_mlp_func
 from .params import merge_gate_up, split_gate_up
+from .tp import allreduce_sequence_parallel_grads
 
 __all__ = [
     "ACTIVATIONS",
     "Activation",
+    "allreduce_sequence_parallel_grads",
     "BACKENDS",
     "ParallelMLP",
     "get_activation",

@@ -1,28 +1,61 @@
 """The fused tensor-parallel MLP as one autograd function, on one rank's shards.
 
-Forward::
+Forward (``x`` is replicated, or with sequence parallelism this rank's block of rows)::
 
+    [SP: x = all_gather_rows(x)]
     preact, postact = gemm_act(x, W1_r.T, act, b1_r)      # preact kept only without recompute
-    y = all_reduce(postact @ W2_r.T) (+ b2)
+    y = postact @ W2_r.T
+    y = all_reduce(y)   |   SP: y = reduce_scatter_rows(y)
+    y += b2
 
 Backward::
 
+    [SP: dy = all_gather_rows(dy); x = all_gather_rows(x) started async]
     [recompute: preact = x @ W1_r.T (+ b1_r)]            # bit-identical to forward's preact
     dpreact, postact = gemm_dact(dy, W2_r, preact, act)   # postact recomputed, never stored
     dW2_r = dy.T @ postact
-    dx    = dpreact @ W1_r  -> all_reduce started async
+    dx    = dpreact @ W1_r  -> all_reduce | SP: reduce_scatter_rows, started async
     dW1_r = dpreact.T @ x                                 # runs while dx is on the wire
     wait(dx)
+
+Only the local ``x`` is saved: with sequence parallelism, a 1/p slice, re-gathered in backward
+while the dgrad GEMMs run (Megatron does the same). The backward is not differentiable: it
+accumulates into gradient buffers in place and recomputes what it needs, so a second backward
+through it raises instead of returning wrong second derivatives.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
 from .activations import Activation
 from .backends import resolve
 from .grad_accum import weight_grad
-from .tp import TPGroup, all_reduce
+from .tp import TPGroup, all_gather_rows, all_reduce, reduce_scatter_rows
+
+DOUBLE_BACKWARD_ERROR = (
+    "parallel_mlp: the fused MLP's backward is not differentiable, so a second backward "
+    "through it (double backward, e.g. torch.autograd.grad(..., create_graph=True) then "
+    "backward) is not supported; compute higher-order gradients with a plain PyTorch MLP")
+
+
+def _not_differentiable(backward):
+    """``torch.autograd.function.once_differentiable`` with a message that says what to do: under
+    ``create_graph=True`` the gradients it returns raise when differentiated again."""
+
+    @functools.wraps(backward)
+    def wrapper(ctx, *grads):
+        with torch.no_grad():
+            outputs = backward(ctx, *grads)
+        if not torch.is_grad_enabled():
+            return outputs
+        # The returned gradients get a grad_fn that raises; they must require grad to have one.
+        raising = torch._C._functions.DelayedError(DOUBLE_BACKWARD_ERROR.encode(), len(outputs))
+        return raising(*[None if g is None else g.detach().requires_grad_() for g in outputs])
+
+    return wrapper
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -44,65 +77,96 @@ def _bias_grad(grad_out: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
 class ParallelMLPFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w1, b1, w2, b2, act: Activation, tp: TPGroup, recompute: bool,
-                fuse_grad_accum: bool, backend: str):
+                fuse_grad_accum: bool, backend: str, sequence_parallel: bool = False):
         dtype = _compute_dtype(x)
+        sp = sequence_parallel and tp.size > 1
         # Autocast is resolved here once; the ops below must see exactly the dtypes chosen.
         with torch.autocast(x.device.type, enabled=False):
             x2d = x.reshape(-1, x.shape[-1]).to(dtype)
+            x_full = all_gather_rows(x2d, tp) if sp else x2d
             w1c, b1c, w2c, b2c = (_cast(t, dtype) for t in (w1, b1, w2, b2))
-            ops = resolve(backend, x2d, w1c, w2c, b1c)
-            preact, postact = ops.gemm_act(x2d, w1c.t(), act.name, bias=b1c,
+            ops = resolve(backend, x_full, w1c, w2c, b1c)
+            preact, postact = ops.gemm_act(x_full, w1c.t(), act.name, bias=b1c,
                                            store_preact=not recompute)
+            del x_full
             y = ops.gemm(postact, w2c.t())
-            all_reduce(y, tp)
+            del postact
+            if sp:
+                y = reduce_scatter_rows(y, tp)
+            else:
+                all_reduce(y, tp)
             if b2c is not None:
                 y.add_(b2c)
 
+        # x is saved as given to this rank: under sequence parallelism, its slice.
         ctx.save_for_backward(x2d, w1c, b1c, w2c, preact)
         # The parameters themselves, for their main_grad / .grad buffers.
         ctx.weights = (w1, w2)
         ctx.biases = (b1, b2)
         ctx.x_meta = (x.shape, x.dtype)
-        ctx.act, ctx.tp, ctx.recompute = act, tp, recompute
+        ctx.act, ctx.tp, ctx.recompute, ctx.sp = act, tp, recompute, sp
         ctx.fuse, ctx.backend = fuse_grad_accum, backend
         return y.view(*x.shape[:-1], y.shape[-1])
 
     @staticmethod
+    @_not_differentiable
     def backward(ctx, dy):
         x2d, w1c, b1c, w2c, preact = ctx.saved_tensors
         w1, w2 = ctx.weights
         b1, b2 = ctx.biases
         x_shape, x_dtype = ctx.x_meta
         need_x, need_w1, need_b1, need_w2, need_b2 = ctx.needs_input_grad[:5]
-        act, backend = ctx.act, ctx.backend
+        act, backend, tp, sp = ctx.act, ctx.backend, ctx.tp, ctx.sp
 
         dy2d = dy.reshape(-1, dy.shape[-1]).to(x2d.dtype)
-        ops = resolve(backend, x2d, w1c, w2c, dy2d)
+        if sp:
+            # dy first: the first GEMM waits for it. x is needed only by dW1 (or the fc1 replay),
+            # so its gather runs behind the dgrad GEMMs.
+            dy_pending = all_gather_rows(dy2d, tp, async_op=True)
+            need_x_full = need_w1 or ctx.recompute
+            x_pending = all_gather_rows(x2d, tp, async_op=True) if need_x_full else None
+            dy_full = dy_pending.wait()
+        else:
+            dy_full, x_pending = dy2d, None
+
+        def x_full():
+            return x_pending.wait() if x_pending is not None else x2d
+
+        ops = resolve(backend, x2d, w1c, w2c, dy_full)
         if ctx.recompute:
             if b1c is None:
                 # Only preact is needed. A plain GEMM of the same shape runs the same kernel
                 # config and mainloop as forward's gemm_act and rounds the same fp32 accumulator
                 # once, so it gives the same bits, without writing a postact nobody reads.
-                preact = ops.gemm(x2d, w1c.t())
+                preact = ops.gemm(x_full(), w1c.t())
             else:
                 # With a bias, gemm_act rounds (acc + b1) once; a GEMM then a bias add would
                 # round twice. Replay the forward's own op instead.
-                preact, _ = ops.gemm_act(x2d, w1c.t(), act.name, bias=b1c, store_preact=True)
-        dpreact, postact = ops.gemm_dact(dy2d, w2c, preact, act.name)
+                preact, _ = ops.gemm_act(x_full(), w1c.t(), act.name, bias=b1c, store_preact=True)
+        dpreact, postact = ops.gemm_dact(dy_full, w2c, preact, act.name)
         del preact
 
-        grad_w2 = weight_grad(backend, dy2d.t(), postact, w2, ctx.fuse) if need_w2 else None
+        grad_w2 = weight_grad(backend, dy_full.t(), postact, w2, ctx.fuse) if need_w2 else None
+        # Under sequence parallelism this rank's dy covers its own tokens only: a partial sum,
+        # which the framework adds over the group (b2 is marked sequence_parallel).
         grad_b2 = _bias_grad(dy2d, b2) if need_b2 else None
-        del postact
+        del postact, dy_full
 
-        grad_x, handle = None, None
+        dx_pending = None
         if need_x:
-            grad_x = ops.gemm(dpreact, w1c)
-            handle = all_reduce(grad_x, ctx.tp, async_op=True)
-        grad_w1 = weight_grad(backend, dpreact.t(), x2d, w1, ctx.fuse) if need_w1 else None
+            dx_full = ops.gemm(dpreact, w1c)
+            if sp:
+                dx_pending = reduce_scatter_rows(dx_full, tp, async_op=True)
+            else:
+                dx_pending = all_reduce(dx_full, tp, async_op=True)
+            del dx_full
+        grad_w1 = weight_grad(backend, dpreact.t(), x_full(), w1, ctx.fuse) if need_w1 else None
         grad_b1 = _bias_grad(dpreact, b1) if need_b1 else None
-        if handle is not None:
-            handle.wait()
-        if grad_x is not None:
-            grad_x = grad_x.view(x_shape).to(x_dtype)
-        return grad_x, grad_w1, grad_b1, grad_w2, grad_b2, None, None, None, None, None
+        if x_pending is not None:
+            x_pending.wait()  # recompute without dW1 gathered x but never waited on it here
+        grad_x = None
+        if dx_pending is not None:
+            grad_x = dx_pending.wait().view(x_shape).to(x_dtype)
+        return (grad_x, grad_w1, grad_b1, grad_w2, grad_b2,
+                None, None, None, None, None, None)
+

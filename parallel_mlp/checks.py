@@ -80,3 +80,12 @@ def check_shards(x, w1, b1, w2, b2, act: Activation) -> None:
                     f"{n} has dtype {t.dtype} but x has {x.dtype}; they must match "
                     f"(or run under torch.autocast)"
                 )
+
+
+def check_sequence_parallel_input(x) -> None:
+    """Sequence parallelism splits dim 0 over the ranks; a 1-D x has no dim to split."""
+    if isinstance(x, torch.Tensor) and x.dim() < 2:
+        raise ValueError(
+            f"sequence_parallel=True: x must be this rank's slice of dim 0 (the sequence dim of "
+            f"[s, b, d], or the token dim of [T, d]), so at least 2-D; got x of shape "
+            f"{tuple(x.shape)}")

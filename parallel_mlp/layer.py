@@ -11,25 +11,39 @@ from . import checkpoint
 from .activations import get_activation
 from .autograd import ParallelMLPFunction
 from .backends import check_backend_name
-from .checks import check_shards, require_divisible, require_positive_int
+from .checks import (check_sequence_parallel_input, check_shards, require_divisible,
+                     require_positive_int)
 from .params import set_muon_hooks, set_tp_metadata
 from .tp import TPGroup, all_gather_objects, resolve_group
 
 
 def parallel_mlp_func(x, w1, w2, activation, *, b1=None, b2=None, tp_group=None,
-                      recompute=False, fuse_grad_accum=False, backend="auto"):
+                      sequence_parallel=False, recompute=False, fuse_grad_accum=False,
+                      backend="auto"):
     """The TP MLP on this rank's shards: ``all_reduce(act(x @ w1.T + b1) @ w2.T) + b2``.
 
     ``w1`` is this rank's fc1 rows (gated: interleaved gate/up pairs), ``w2`` its fc2 columns,
     ``b1`` its fc1 bias slice and ``b2`` the full, replicated fc2 bias. Collective when the TP
-    group has more than one rank.
+    group has more than one rank. With ``sequence_parallel``, ``x`` and the result are this rank's
+    contiguous slice of dim 0 (rank order, equal slices on every rank):
+    ``reduce_scatter(act(all_gather(x) @ w1.T + b1) @ w2.T) + b2``.
     """
     act = get_activation(activation)
     check_backend_name(backend)
     check_shards(x, w1, b1, w2, b2, act)
+    if sequence_parallel:
+        check_sequence_parallel_input(x)
     tp = tp_group if isinstance(tp_group, TPGroup) else resolve_group(tp_group)
-    return ParallelMLPFunction.apply(x, w1, b1, w2, b2, act, tp, bool(recompute),
-                                     bool(fuse_grad_accum), backend)
+    return _apply(x, w1, b1, w2, b2, act, tp, bool(recompute), bool(fuse_grad_accum), backend,
+                  bool(sequence_parallel))
+
+
+# torch.compile of a model around the layer runs the fused function as it is, between compiled
+# graphs: its collectives work in place on process groups and its kernels are our own, so
+# there is nothing for dynamo to trace (it would only try, fail and break the graph there).
+@torch.compiler.disable
+def _apply(*args):
+    return ParallelMLPFunction.apply(*args)
 
 
 def default_hidden_features(in_features: int, gated: bool) -> int:
@@ -53,14 +67,16 @@ class RowParallelShard(nn.Module):
     """fc2's shard: columns ``[r*h/p, (r+1)*h/p)`` of the global ``[out, h]`` weight; the bias is
     replicated on every rank and added once, after the all-reduce."""
 
-    def __init__(self, in_features_per_rank, out_features, bias, device, dtype):
+    def __init__(self, in_features_per_rank, out_features, bias, device, dtype,
+                 sequence_parallel=False):
         super().__init__()
         kw = dict(device=device, dtype=dtype)
         self.weight = nn.Parameter(torch.empty(out_features, in_features_per_rank, **kw))
         self.bias = nn.Parameter(torch.empty(out_features, **kw)) if bias else None
         set_tp_metadata(self.weight, partition_dim=1)
         if self.bias is not None:
-            set_tp_metadata(self.bias, partition_dim=None)
+            # Under sequence parallelism each rank's bias gradient covers its own tokens only.
+            set_tp_metadata(self.bias, partition_dim=None, sequence_parallel=sequence_parallel)
 
 
 class ParallelMLP(nn.Module):
@@ -69,13 +85,17 @@ class ParallelMLP(nn.Module):
 
     fc1 is column-parallel (rank r holds rows ``[r*F/p, (r+1)*F/p)`` of ``W1 [F, in]``, ``F = 2h``
     for gated activations with interleaved gate/up rows), fc2 row-parallel (rank r holds columns
-    ``[r*h/p, (r+1)*h/p)`` of ``W2 [out, h]``). Input and output are replicated across the group.
+    ``[r*h/p, (r+1)*h/p)`` of ``W2 [out, h]``). Input and output are replicated across the group;
+    with ``sequence_parallel=True`` they are this rank's contiguous slice of dim 0 instead (the
+    sequence dim of ``[s, b, d]``, rank order), and fc2's bias carries ``sequence_parallel = True``:
+    its gradient is this rank's part, summed over the group by the framework (Megatron-core) or
+    by :func:`parallel_mlp.allreduce_sequence_parallel_grads`.
     """
 
     def __init__(self, in_features, hidden_features=None, out_features=None, *,
                  activation="gelu_tanh_approx", bias1=False, bias2=False, multiple_of=1,
-                 tp_group=None, recompute=False, fuse_grad_accum=False, backend="auto",
-                 device=None, dtype=None):
+                 tp_group=None, sequence_parallel=False, recompute=False, fuse_grad_accum=False,
+                 backend="auto", device=None, dtype=None):
         super().__init__()
         act = get_activation(activation)
         require_positive_int("in_features", in_features)
@@ -95,12 +115,13 @@ class ParallelMLP(nn.Module):
         self.activation = act
         self.recompute, self.fuse_grad_accum, self.backend = (
             bool(recompute), bool(fuse_grad_accum), backend)
+        self.sequence_parallel = bool(sequence_parallel)
         self._check_same_config_across_ranks(bias1, bias2, dtype)
 
         fc1_rows = (2 if act.gated else 1) * hidden_features
         self.fc1 = ColumnParallelShard(in_features, fc1_rows // self.tp.size, bias1, device, dtype)
         self.fc2 = RowParallelShard(hidden_features // self.tp.size, out_features, bias2,
-                                    device, dtype)
+                                    device, dtype, sequence_parallel=self.sequence_parallel)
         if act.gated:
             set_muon_hooks(self.fc1.weight)
         if self.fc1.weight.device.type != "meta":
@@ -116,7 +137,8 @@ class ParallelMLP(nn.Module):
         hanging (or silently computing garbage) in the first all-reduce."""
         config = dict(in_features=self.in_features, hidden_features=self.hidden_features,
                       out_features=self.out_features, activation=self.activation.name,
-                      bias1=bool(bias1), bias2=bool(bias2), recompute=self.recompute,
+                      bias1=bool(bias1), bias2=bool(bias2),
+                      sequence_parallel=self.sequence_parallel, recompute=self.recompute,
                       fuse_grad_accum=self.fuse_grad_accum, dtype=str(dtype))
         configs = all_gather_objects(config, self.tp)
         for rank, other in enumerate(configs):
@@ -152,7 +174,8 @@ class ParallelMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return parallel_mlp_func(
             x, self.fc1.weight, self.fc2.weight, self.activation,
-            b1=self.fc1.bias, b2=self.fc2.bias, tp_group=self.tp, recompute=self.recompute,
+            b1=self.fc1.bias, b2=self.fc2.bias, tp_group=self.tp,
+            sequence_parallel=self.sequence_parallel, recompute=self.recompute,
             fuse_grad_accum=self.fuse_grad_accum, backend=self.backend)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
@@ -167,5 +190,6 @@ class ParallelMLP(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, hidden_features={self.hidden_features}, "
                 f"out_features={self.out_features}, activation={self.activation.name!r}, "
-                f"tp_size={self.tp.size}, recompute={self.recompute}, "
+                f"tp_size={self.tp.size}, sequence_parallel={self.sequence_parallel}, "
+                f"recompute={self.recompute}, "
                 f"fuse_grad_accum={self.fuse_grad_accum}, backend={self.backend!r}")

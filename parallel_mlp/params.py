@@ -1,7 +1,10 @@
 """TP metadata on parameters, in Megatron's attribute names, and the Muon reshape hooks.
 
 Megatron-core and TP-aware optimizers read ``tensor_model_parallel``, ``partition_dim`` and
-``partition_stride`` off each parameter. Because our fc1 shards concatenate along dim 0 to the
+``partition_stride`` off each parameter; Megatron's DDP also reads ``allreduce`` (True: a dense,
+not expert-parallel, parameter whose gradient is reduced over data parallelism) and its gradient
+finalization ``sequence_parallel`` (True: a replicated parameter whose gradient is partial per TP
+rank under sequence parallelism, summed over the TP group). Because our fc1 shards concatenate along dim 0 to the
 global interleaved W1, a gated fc1 can also expose how to view it as separate gate and up matrices:
 ``_muon_reshape_functions = (split, merge)``, so Muon orthogonalizes gate and up on their own.
 """
@@ -25,11 +28,16 @@ def merge_gate_up(w: torch.Tensor) -> torch.Tensor:
     return rearrange(w, f"two h d -> {GATED_ROWS}", two=2)
 
 
-def set_tp_metadata(param: torch.Tensor, partition_dim: int | None) -> None:
-    """Mark ``param`` as split along ``partition_dim`` across TP ranks, or replicated if None."""
+def set_tp_metadata(param: torch.Tensor, partition_dim: int | None,
+                    sequence_parallel: bool = False) -> None:
+    """Mark ``param`` as split along ``partition_dim`` across TP ranks, or replicated if None;
+    ``sequence_parallel`` marks a replicated parameter whose gradient is partial per rank."""
     param.tensor_model_parallel = partition_dim is not None
     param.partition_dim = -1 if partition_dim is None else partition_dim
     param.partition_stride = 1
+    param.allreduce = True
+    if partition_dim is None:
+        param.sequence_parallel = bool(sequence_parallel)
 
 
 def set_muon_hooks(param: torch.Tensor) -> None:

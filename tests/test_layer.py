@@ -161,7 +161,26 @@ def test_autocast_with_fused_main_grad_accumulates_fp32():
     torch.testing.assert_close(mlp.fc2.weight.main_grad.double(), 2 * ref["w2"], rtol=5e-2, atol=5e-2)
 
 
-def test_tp2_bf16_swiglu_with_biases_on_gloo():
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_tp2_bf16_swiglu_with_biases_on_gloo(sequence_parallel):
     from test_layer_gpu import tp_bf16_matches_reference
 
-    run_distributed(2, tp_bf16_matches_reference, "cpu")
+    run_distributed(2, tp_bf16_matches_reference, "cpu", sequence_parallel)
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_double_backward_raises_a_clear_error(recompute):
+    """The fused backward is not differentiable: taking gradients with create_graph=True works,
+    but differentiating them again raises (it used to return wrong second derivatives)."""
+    torch.manual_seed(0)
+    mlp = ParallelMLP(8, 16, activation="swiglu", recompute=recompute, dtype=torch.float64)
+    x = torch.randn(5, 8, dtype=torch.float64, requires_grad=True)
+    (gx,) = torch.autograd.grad(mlp(x).square().sum(), x, create_graph=True)
+    want = reference.mlp_with_grads(x, mlp.fc1.weight, mlp.fc2.weight, "swiglu",
+                                    dy=2 * mlp(x).detach())[1]["x"]
+    torch.testing.assert_close(gx.detach(), want)  # the first derivative is still right
+    with pytest.raises(RuntimeError, match="fused MLP's backward is not differentiable"):
+        gx.square().sum().backward()
+    # an ordinary backward afterwards is unaffected
+    mlp(x).sum().backward()
+    assert x.grad is not None

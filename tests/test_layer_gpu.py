@@ -102,28 +102,32 @@ def test_cute_main_grad_accumulation_matches_torch():
         torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
 
 
-def tp_bf16_matches_reference(rank, world, device):
-    """Also run on CPU/gloo by test_layer.py, so this body is exercised without GPUs."""
+def tp_bf16_matches_reference(rank, world, device, sequence_parallel=False):
+    """Also run on CPU/gloo by test_layer.py, so this body is exercised without GPUs. With
+    sequence_parallel, each rank feeds its block of the 300 tokens and gets its block back."""
     d, h, tokens = 256, 512, 300
     torch.manual_seed(0)
     mlp = ParallelMLP(d, h, activation="swiglu", bias1=True, bias2=True, device=device,
-                      dtype=torch.bfloat16)
+                      dtype=torch.bfloat16, sequence_parallel=sequence_parallel)
     full = mlp.full_state_dict()
     x = torch.randn(tokens, d, device=device, dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(tokens, d, device=device, dtype=torch.bfloat16)
-    y = mlp(x)
-    y.backward(dy)
+    mine = slice(rank * tokens // world, (rank + 1) * tokens // world) if sequence_parallel else slice(None)
+    xs = x.detach()[mine].requires_grad_()
+    y = mlp(xs)
+    y.backward(dy[mine])
     weights = (full["fc1.weight"], full["fc2.weight"], "swiglu", full["fc1.bias"], full["fc2.bias"])
     ref_y, ref = reference.mlp_with_grads(x, *weights, dy=dy)
     bf_y, bf = reference.mlp_with_grads(x, *weights, dy=dy, dtype=torch.bfloat16)
     rows, cols = 2 * h // world, h // world
-    assert_design_tolerance("y", y, bf_y, ref_y)
-    assert_design_tolerance("dx", x.grad, bf["x"], ref["x"])
+    assert_design_tolerance("y", y, bf_y[mine], ref_y[mine])
+    assert_design_tolerance("dx", xs.grad, bf["x"][mine], ref["x"][mine])
     sl1, sl2 = slice(rank * rows, (rank + 1) * rows), slice(rank * cols, (rank + 1) * cols)
     assert_design_tolerance("dW1", mlp.fc1.weight.grad, bf["w1"][sl1], ref["w1"][sl1])
     assert_design_tolerance("dW2", mlp.fc2.weight.grad, bf["w2"][:, sl2], ref["w2"][:, sl2])
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs for NCCL")
-def test_tp2_on_nccl_matches_reference():
-    run_distributed(2, tp_bf16_matches_reference, "cuda", backend="nccl")
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_tp2_on_nccl_matches_reference(sequence_parallel):
+    run_distributed(2, tp_bf16_matches_reference, "cuda", sequence_parallel, backend="nccl")

@@ -14,6 +14,13 @@ def test_megatron_metadata():
     assert (w2.tensor_model_parallel, w2.partition_dim, w2.partition_stride) == (True, 1, 1)
     assert (b2.tensor_model_parallel, b2.partition_dim) == (False, -1)
     assert not hasattr(w2, "_muon_reshape_functions")
+    # Megatron's DDP reduces every dense parameter over data parallelism
+    assert all(p.allreduce is True for p in mlp.parameters())
+    # a replicated bias sees every token without sequence parallelism, only its own with it
+    assert b2.sequence_parallel is False
+    sp = ParallelMLP(8, 16, activation="swiglu", bias1=True, bias2=True, sequence_parallel=True)
+    assert sp.fc2.bias.sequence_parallel is True
+    assert not hasattr(sp.fc1.bias, "sequence_parallel")  # split, not replicated
 
 
 def test_non_gated_fc1_has_no_muon_hook():
