@@ -184,3 +184,30 @@ def test_double_backward_raises_a_clear_error(recompute):
     # an ordinary backward afterwards is unaffected
     mlp(x).sum().backward()
     assert x.grad is not None
+
+
+def test_backward_drops_preact_before_the_input_grad_gemms(monkeypatch):
+    """Memory: the saved pre-activation (the largest tensor the layer keeps) is freed as soon as
+    the dact has read it, so it is not alive beside dx and dW1 (eager autograd frees its own
+    activation there too; keeping it put the step's peak a preact above eager's)."""
+    import weakref
+
+    from parallel_mlp import backends
+
+    seen = {}
+    dact, gemm = backends.TorchBackend.gemm_dact, backends.TorchBackend.gemm
+
+    def spy_dact(a, b, preact, activation):
+        seen["preact"] = weakref.ref(preact)
+        return dact(a, b, preact, activation)
+
+    def spy_gemm(a, b, out=None, out_dtype=None, accumulate=False):
+        if "preact" in seen:  # after the dact: dW2, dx, dW1
+            seen.setdefault("alive", []).append(seen["preact"]() is not None)
+        return gemm(a, b, out=out, out_dtype=out_dtype, accumulate=accumulate)
+
+    monkeypatch.setattr(backends.TorchBackend, "gemm_dact", staticmethod(spy_dact))
+    monkeypatch.setattr(backends.TorchBackend, "gemm", staticmethod(spy_gemm))
+    mlp = ParallelMLP(16, 32, activation="swiglu", backend="torch")
+    mlp(torch.randn(9, 16, requires_grad=True)).sum().backward()
+    assert seen["alive"] == [False, False, False]
