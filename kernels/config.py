@@ -26,8 +26,9 @@ TILE_K = 64
 
 # N extents of a CTA tile. 160 is for N that 192 leaves a partial last wave on (N = 7168: 37.3
 # tiles of 192 per row, 44.8 of 160); its N-major B operand takes a 64B swizzle instead of 128B.
-# Held on an H200 (NOTES.md, session 8): the plain dy@W2 at N = 7168 1.4% faster than at 192, its
-# dact 1.2% slower, so no default picks it. 176 (32B swizzle) ran 16-22% slower and was dropped.
+# Held 1 s on an H200, 2026-11-30 (bench_gemm --h 7168 --also tile_n=160): the plain dy@W2 at
+# N = 7168 ran 1.4% faster than at 192 and its dact 1.2% slower, so no default picks it. 176
+# (32B swizzle) ran 16-22% slower in the same run and is not offered.
 TILE_N_CHOICES = (64, 128, 160, 192, 256)
 
 # Pingpong: most fp32 accumulators one consumer thread may hold (one warpgroup owns a whole tile).
@@ -37,16 +38,17 @@ PINGPONG_MAX_ACC_REGS = 192
 
 
 # The 128x192 pingpong tile is the default only where its padded N is at most this factor of a
-# 128-wide tile's. N = 4096 pads 3.1%: held, 1.5% faster than 128x128 in session 5 and even in
-# session 6 (at long K it is cooperative 128x256 now, below).
+# 128-wide tile's. N = 4096 pads 3.1%: on an H200, 2026-11-30, held 0.5 s, 1.5% faster than
+# 128x128 in one run and even in another (at long K, N = 4096 takes cooperative 128x256, below).
 WIDE_TILE_MAX_PAD = 1.04
 
 # From this K up, big GEMMs other than the dact take cooperative 128x256 tiles (2x1 cluster): the
 # least operand traffic per MAC we have (0.0078 elements from L2, n256 WGMMAs reading the least
 # shared memory), while the epilogue it cannot overlap is a small share of a tile's time once K
-# is long. Held on an H200 (NOTES.md, session 6), against pingpong 128x192: fc2 and dx (K 7168 to
-# 28672) 3-5% faster, dW1 (K 8192) 1.5-3%; at K = 4096 the plain dy@W2 was even and the dact
-# 2-7% slower.
+# is long. Held 0.5 s on an H200, 2026-11-30 (bench_gemm --also
+# consumers=cooperative,tile_n=256,..., at h = 14336, 7168 and gelu 16384), against pingpong
+# 128x192: fc2 and dx (K 7168 to 28672) 3-5% faster, dW1 (K 8192) 1.5-3%; at K = 4096 the plain
+# dy@W2 was even and the dact 7% slower (0.845 vs 0.910x cuBLAS).
 COOPERATIVE_MIN_K = 6144
 
 
@@ -91,7 +93,8 @@ class GemmConfig:
     # being computed. 1: a two-slot preact ring and separate dpreact buffers. 2 or 3: a ring of
     # 3 or 4 slots, with dpreact written in place over its preact and stored from there, so the
     # dpreact buffers' shared memory holds the deeper ring. At 128x256, a gated dact keeps 3 A/B
-    # stages with 2 and drops to 2 with 3. Measured on an H200: 2 no faster than 1, 3 50% slower.
+    # stages with 2 and drops to 2 with 3. On an H200, 2026-11-30 (bench_gemm --only dpost
+    # --dact-prefetch N): 2 ran 1.443 ms against 1's 1.445, 3 ran 2.16 ms.
     # Pingpong dact always writes dpreact in place; dact_prefetch is its slots per warpgroup:
     # 1 (the next subtile's preact loads once this one's stores have read the slot) or 2 (both
     # slots filled at the tile's start, each refilled one subtile later; with epi_n=16 this fits
@@ -112,11 +115,13 @@ class GemmConfig:
     # The L2 eviction policy of the TMA copies, by CACHE_HINTS: "normal" (EVICT_NORMAL on every
     # copy, as CUTLASS C++ passes by default), "none" (the DSL's undocumented operand of 0),
     # "stream" (epilogue traffic evict-first) or "keep" (A/B tiles evict-last as well). Held 2 s
-    # on an H200 (clock_probe, NOTES.md session 7), "normal" and "none" ran dy@W2 and its dact
-    # at the same time; "stream" slowed the dact 1.2%. "normal" is the default because it is
-    # the documented policy, not for speed.
+    # on an H200, 2026-11-30 (tools/clock_probe.py --h 14336 --also cache_hints=none ...),
+    # "normal" and "none" ran dy@W2 (1.463 / 1.464 ms) and its dact (1.590 / 1.589 ms) at the same
+    # time; "stream" slowed the dact 1.2%. "normal" is the default because it is the documented
+    # policy, not for speed.
     cache_hints: str = "normal"
-    # Stream-K for the last partial wave (cooperative, static, store and accumulate epilogues):
+    # Stream-K for the last partial wave (cooperative, static, tile_m <= 128; the store,
+    # accumulate and act epilogues, not the dact):
     # whole tiles for the full waves, then the remaining tiles' K blocks shared evenly by every
     # cluster, partial sums reduced in a fixed order through an fp32 workspace (tile_scheduler,
     # "Stream-K"). Deterministic, but not bitwise equal to the whole-tile kernel.
@@ -132,8 +137,9 @@ class GemmConfig:
         if self.cluster_m * self.cluster_n > 2:
             # The persistent grid is num_sms / cluster size clusters, and an H200 holds only 30
             # four-CTA clusters at once (cudaOccupancyMaxActiveClusters; 120 of its 132 SMs):
-            # the 33rd ran as a second wave, 2x slower (bench_gemm, session 4), and even a 30-
-            # cluster grid would leave 12 SMs idle.
+            # the 33rd runs as a second wave. On an H200, 2026-11-30, 2x2 clusters ran every MLP
+            # GEMM at 0.49-0.56x cuBLAS (bench_gemm --also cluster_n=2), and even a 30-cluster
+            # grid would leave 12 SMs idle.
             raise ValueError(
                 f"cluster=({self.cluster_m},{self.cluster_n}): at most 2 CTAs per cluster (2x1 or "
                 "1x2); a Hopper GPU fits too few 4-CTA clusters at once for a persistent grid"
@@ -197,9 +203,9 @@ class GemmConfig:
 
     @property
     def key(self) -> str:
-        # The scheduler is part of the name of every compiled kernel (and of its disk-cache file);
-        # the static name is unchanged from before the option existed.
-        # Likewise the consumer schedule: cooperative names are unchanged.
+        # The config is part of the name of every compiled kernel (and of its disk-cache file):
+        # tile, cluster, raster group and SM count always; each other field only as a suffix when
+        # it is off its default.
         sched = "" if self.scheduler == "static" else f"_{self.scheduler}"
         cons = "" if self.consumers == "cooperative" else f"_{self.consumers}"
         pf = "" if self.dact_prefetch == 1 else f"_pf{self.dact_prefetch}"
@@ -225,15 +231,16 @@ def big_pingpong_config(m: int, n: int, num_sms: int = DEFAULT_NUM_SMS, kind: st
 
     Its warpgroup tile is 128x192 (192 accumulators per thread): with the 2x1 cluster, 0.0091
     operand elements read from L2 per MAC against 128x128's 0.0117. At the power cap the time of
-    a GEMM follows its energy, not its cycles: held on an H200 (bench_gemm), 25 of 27 MLP GEMMs
-    ran 1-7% faster than at 128x128 (NOTES.md, session 5). Where 192 would pad N much more than
-    128 does (N = 256: 50%), 128 it stays.
+    a GEMM follows its energy, not its cycles: held 0.5 s on an H200, 2026-11-30 (bench_gemm
+    --also tile_n=128), 25 of 27 MLP GEMMs ran 1-7% faster than at 128x128. Where 192 would pad
+    N much more than 128 does (N = 256: 50%), 128 it stays.
 
     The dact's two preact slots per warpgroup, both filled at the tile's start, hide its preact
-    load behind the other warpgroup's mainloop; 16-column subtiles keep 5 stages beside them.
-    On an H200 (swiglu dy@W2), call by call: 2.4% faster at h=7168, 2.3% at h=14336; either
-    change alone is neutral or slower. Held, at 128x192 and h=7168: 1.13x the time of cuBLAS's
-    plain GEMM against 1.17x with one slot (NOTES.md, session 5).
+    load behind the other warpgroup's mainloop; 16-column subtiles make room for them (4 A/B
+    stages at 128x192, 5 at 128x128). On an H200, 2026-11-30 (bench_gemm --only dpost, swiglu),
+    call by call: 2.4% faster at h=7168, 2.3% at h=14336; either change alone is neutral or
+    slower. Held 0.5 s, at 128x192 and h=7168: 1.13x the time of cuBLAS's plain GEMM against
+    1.17x with one slot.
     """
     dact = dict(dact_prefetch=2, epi_n=16) if kind == "dact" else {}
     tn = 192 if -(-n // 192) * 192 <= WIDE_TILE_MAX_PAD * -(-n // 128) * 128 else 128
@@ -243,9 +250,10 @@ def big_pingpong_config(m: int, n: int, num_sms: int = DEFAULT_NUM_SMS, kind: st
 
 # Stream-K (GemmConfig.stream_k) is picked where whole tiles would waste at least this share of
 # the time in the last wave: (1 - R/G) / (W + 1) for W full waves and R of G clusters busy in the
-# last. Held on an H200 (NOTES.md, session 8), stream-K realized about half of that share, less
-# ~1.5%: fc2 / dx at T=2304 (27% predicted) ran 14-16% faster, at T=4352 (18%) 10%; at T=8192
-# (3%) even or within 2% either way.
+# last. Held 1 s on an H200, 2026-11-30 (bench_gemm --only fc2,dx,dW2,dW1 --also stream_k=1 at
+# T = 2304, 4352, 8192), stream-K realized about half of that share, less ~1.5%: fc2 / dx at
+# T=2304 (27% predicted) ran 14-16% faster, at T=4352 (18%) 10%; at T=8192 (3%) even or within
+# 2% either way.
 STREAM_K_MIN_WASTE = 0.05
 # ... and only where K is long enough that a contributor's fp32 partial tile (written once, read
 # once: 128 KB at 128x256) stays small beside its mainloop's operand traffic (~1.5 MB per 64 K
@@ -287,15 +295,18 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
     Big GEMMs (``is_big``) with K >= COOPERATIVE_MIN_K (fc2, dx and the wgrads of an MLP at
     T=8192), except the dact: cooperative 128x256, 2x1 cluster, raster group 16.
 
-    Other big GEMMs (fc1, dy@W2 and its dact at d=4096): ``big_pingpong_config``. Pingpong
-    timed call by call against the cooperative 128x256 default on an H200 (kernels/NOTES.md,
-    session 3): fc1 + swiglu 7% faster, plain and accumulate GEMMs 2-5%, dx even. The dact
-    joined once its epilogue smem shrank enough for 5 A/B stages (a 128x128 pingpong tile at 3
-    stages runs 32% slower than at 5).
+    Other big GEMMs (fc1, dy@W2 and its dact at d=4096): ``big_pingpong_config``. On an H200,
+    2026-11-30, pingpong 128x128 timed call by call against cooperative 128x256 (bench_gemm
+    --also consumers=pingpong,tile_n=128,raster_group=16): fc1 + swiglu 7% faster, plain and
+    accumulate GEMMs 2-5%, dx even. The pingpong dact writes dpreact in place over its preact,
+    which leaves a 128x128 tile 5 A/B stages (with 3, plain fc1 ran 3.950 ms against 2.704 at 5).
+    Held, pingpong 128x192 beats cooperative 128x256 at K = 4096 on energy: dy@W2 1.453 against
+    1.503 ms (tools/clock_probe.py, 2 s turns). See kernels/NOTES.md, "Consumer schedules".
 
     The accumulate (fp32 main-grad) epilogue gets the L2 prefetch of its D tile: 0.5-1.4%
-    faster on the MLP's wgrad shapes (interleaved). The dact does not: its preact prefetch
-    measured 0.7-1.4% slower; it gets a two-slot preact ring per warpgroup instead.
+    faster on the MLP's wgrad shapes (call by call, bench_gemm --also l2_prefetch=1). The dact
+    does not: its preact prefetch measured 0.7-1.4% slower; it gets a two-slot preact ring per
+    warpgroup instead.
 
     When 128x256 tiles would leave most SMs idle (small M*N, e.g. a wgrad with a small N or a
     short sequence), smaller cooperative tiles give more CTAs.
@@ -330,9 +341,9 @@ TUNE_CANDIDATES = (
 )
 
 
-# Pingpong candidates, kept apart from TUNE_CANDIDATES until they are timed on a GPU
-# (`python -m parallel_mlp.kernels.bench_gemm --sweep --consumers pingpong`); the tile is one
-# warpgroup's.
+# Pingpong configs that `python -m parallel_mlp.kernels.bench_gemm --sweep --consumers pingpong`
+# times (the tile is one warpgroup's). Not in TUNE_CANDIDATES: on big shapes tuned=True times
+# the pingpong default (big_pingpong_config) and its 128x128 tile instead.
 PINGPONG_CANDIDATES = (
     GemmConfig(128, 128, 1, 1, 8, consumers="pingpong"),
     GemmConfig(128, 128, 2, 1, 8, consumers="pingpong"),

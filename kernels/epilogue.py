@@ -7,8 +7,9 @@ memory (TMA store, or TMA reduce-add for accumulation); outputs of another width
 accumulator tile (the gated act's half-width postact, the gated dact's double-width interleaved
 dpreact) are written element by element into their smem subtile at the accumulators' tile
 coordinates (no stmatrix tiling of the accumulator tile expresses them) and then leave by TMA
-like the others. The dact's preact arrives by TMA load into a two-buffer smem ring, the next
-subtile's load in flight while this one is computed.
+like the others. The dact's preact arrives by TMA load into a small smem ring, loaded ahead of
+the subtile being computed (config.dact_prefetch; by default a pingpong warpgroup has two slots
+and writes dpreact back over the preact it read).
 
 The variants and their host-side description are in epilogue_spec.py (``EpilogueSpec``).
 

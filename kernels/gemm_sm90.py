@@ -5,14 +5,15 @@
 One CTA per SM (cluster of 1 or 2 CTAs). Warpgroup 0 is the producer: after giving most of its
 registers away (setmaxnreg) its first warp runs the TMA loads of mainloop.produce_tile. The
 other warpgroups are consumers: they take the registers (setmaxnreg up to 232), run the WGMMA
-mainloop on their 64-row slice of the tile and then the epilogue, subtile by subtile, through
-shared memory and TMA stores. Both sides walk the same persistent tile sequence
-(tile_scheduler), so while the consumers run a tile's epilogue the producer is already
-prefetching the next tile's A and B into the ring. With the static scheduler (default) each side
-computes the sequence itself; with the dynamic one (config.scheduler == "dynamic") the producer
-claims tiles from a global atomic counter and passes each index to the consumers through a
-shared-memory ring of tile indices. With config.stream_k the last partial wave's K blocks are
-shared by all clusters instead, and each tile's owner sums the pieces (tile_scheduler, "Stream-K").
+mainloop on their share of the tile (see "Consumer schedules" below) and then the epilogue,
+subtile by subtile, through shared memory and TMA stores. Both sides walk the same persistent
+tile sequence (tile_scheduler), so while the consumers run a tile's epilogue the producer is
+already prefetching the next tile's A and B into the ring. With the static scheduler (default)
+each side computes the sequence itself; with the dynamic one (config.scheduler == "dynamic") the
+producer claims tiles from a global atomic counter and passes each index to the consumers
+through a shared-memory ring of tile indices. With config.stream_k the last partial wave's K
+blocks are shared by all clusters instead, and each tile's owner sums the pieces
+(tile_scheduler, "Stream-K").
 
 Operand majorness is a compile-time property: A may be K-major (row-major [M, K]) or M-major,
 B may be K-major or N-major; D is row-major. M, N, K and the leading strides are dynamic, so a
@@ -99,9 +100,10 @@ class PersistentGemmSm90:
         # dact_prefetch + 1 slots (else a two-slot ring, one load ahead).
         # Pingpong dact: in place too, over ONE preact slot per warpgroup, loaded when the
         # subtile before it has been stored. A 128x128 pingpong tile needs 5 or more A/B stages
-        # (H200: 3 stages ran 32% slower than 6, 4 stages 7%, 5 even), and the two-slot ring
-        # plus dpreact buffers left the gated dact 3. The load latency this exposes per subtile
-        # falls inside the other warpgroup's mainloop.
+        # (on an H200, 2026-11-30, plain fc1 at 3 / 4 / 5 / 6 stages: 3.950 / 2.882 / 2.704 /
+        # 2.696 ms; bench_gemm --also max_stages=N), and the two-slot ring plus dpreact buffers
+        # left the gated dact 3. The load latency this exposes per subtile falls inside the
+        # other warpgroup's mainloop.
         self.dpre_in_place = epilogue.kind == "dact" and (config.dact_prefetch > 1 or self.pingpong)
         # Pingpong with dact_prefetch=2: two slots per warpgroup, both filled at the tile's start
         # and each refilled as soon as its subtile's stores have read it, so a subtile's preact
@@ -123,11 +125,12 @@ class PersistentGemmSm90:
     #
     # Epilogue "channels": every output leaves the SM as a (tile_m x w) subtile staged in shared
     # memory and written by one TMA store; preact (dact) arrives the same way by TMA load.
-    #   D  acc-shaped (w = 32):  D / preact / non-gated dpreact      registers -> smem by stmatrix
-    #   P  acc-shaped (w = 32):  postact (non-gated act, any dact)   stmatrix
-    #   H  half width (w = 16):  gated act's postact                 per-element smem stores
-    #   X  double width (w = 64): gated dact's interleaved dpreact   per-element smem stores
-    #   L  preact input, acc-shaped (w = 32) or double width (gated dact), TMA load, 2 buffers
+    #   D  acc-shaped (w = epi_n):     D / preact / non-gated dpreact     stmatrix
+    #   P  acc-shaped (w = epi_n):     postact (non-gated act, any dact)  stmatrix
+    #   H  half width (w = epi_n / 2): gated act's postact                per-element smem stores
+    #   X  double width (w = 2 epi_n): gated dact's interleaved dpreact   8-byte vector smem stores
+    #   L  preact input, acc-shaped or double width (gated dact), TMA load, a ring of l_ring
+    #      slots (per warpgroup in pingpong); dpreact leaves from it when written in place
 
     def _channel_widths(self):
         e = self.epi
@@ -674,9 +677,9 @@ class PersistentGemmSm90:
 
         Per tile: [preact load] -> mainloop (in turn with the other warpgroup) -> epilogue (in
         turn: the D/P/H/X smem buffers and their TMA stores are shared, so a warpgroup's
-        epilogue drains its stores before handing over). The producer warp is unchanged: it
-        loads every tile of the sequence into the ring, and each warpgroup skips the other's
-        stages (mainloop.consume_tile_pingpong)."""
+        epilogue drains its stores before handing over). The producer warp is the same as for
+        cooperative consumers: it loads every tile of the sequence into the ring, and each
+        warpgroup skips the other's stages (mainloop.consume_tile_pingpong)."""
         tm, tn, tk = self.tile_shape_mnk
         has = {c: self.ch_width[c] > 0 for c in self.ch_width}
         wg = cute.arch.make_warp_uniform((tidx - 128) // 128)  # 0 or 1 among the consumers
@@ -788,8 +791,8 @@ class PersistentGemmSm90:
         the registers -> smem copies of the acc-shaped channels (stmatrix for 16-bit outputs),
         their smem partitions, the subtile fragments, and the TMA views of every channel.
         `copy_order(ep)`, if given, adds the visit order and coordinates of an epilogue that
-        walks the accumulators in the copy's order (pingpong); it runs where the pingpong
-        consumer always built them, so that kernel's generated code stays as it was."""
+        walks the accumulators in the copy's order (pingpong, and the 256-row cooperative tile);
+        it runs after the accumulators are retiled and before the smem partitions are made."""
         row = LayoutEnum.ROW_MAJOR
         ep = SimpleNamespace(tma={"D": tma_d, "P": tma_p, "H": tma_h, "X": tma_x, "L": tma_l}, l_mbar=l_mbar)
         c_atom_d = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.d_dtype)
@@ -860,7 +863,7 @@ class PersistentGemmSm90:
         self, ep, tc, acc_of, cT, cG, count, wg, is_store_warp, epi_barrier, store_pipeline, mBias, n_size,
         S: cutlass.Constexpr, buffer_by_count: cutlass.Constexpr, drain_last: cutlass.Constexpr,
     ):
-        """One tile's epilogue, 32 accumulator columns (one subtile) at a time; returns the
+        """One tile's epilogue, epi_n accumulator columns (one subtile) at a time; returns the
         subtile count advanced by the tile's subtiles.
 
         Per subtile: wait for its preact (dact; the next one's load is issued first, or, with

@@ -144,8 +144,8 @@ def _major(t: torch.Tensor) -> str:
 
 
 def _to_cute(t: Optional[torch.Tensor]):
-    """The DSL's own argument path (a cute tensor with a dynamic layout), which `_launch` no
-    longer takes (see _launch_args); kept as the reference its bytes are tested against."""
+    """The DSL's own argument path (a cute tensor with a dynamic layout). `_launch` does not
+    use it (see _launch_args); it is the reference the packed structs' bytes are tested against."""
     if t is None:
         return None
     from cutlass.cute.runtime import from_dlpack
@@ -166,8 +166,9 @@ def _stream():
 # dynamic sizes and its one dynamic (leading) stride; a 1-D tensor (bias, tile counter) as its
 # pointer and size. Building these directly costs a few microseconds, where from_dlpack(...)
 # .mark_layout_dynamic(...) plus the DSL's argument adapters cost ~45 us per launch (H200 host,
-# kernels/host_overhead.py). tests/kernels/test_launch_args.py checks that the bytes equal what
-# the DSL's own generate_execution_args builds from the _to_cute tensors.
+# 2026-11-30, python -m parallel_mlp.kernels.host_overhead). tests/kernels/test_launch_args.py
+# checks that the bytes equal what the DSL's own generate_execution_args builds from the
+# _to_cute tensors.
 class _MatrixArg(ctypes.Structure):
     _fields_ = [("data", ctypes.c_void_p), ("shape", ctypes.c_int32 * 2), ("stride", ctypes.c_int64)]
 

@@ -225,7 +225,7 @@ def tile256_variants(quick: bool = False):
 
 
 def epi16_variants(quick: bool = False):
-    """16-column epilogue subtiles (config.epi_n) on the default pingpong tile, the cooperative
+    """16-column epilogue subtiles (config.epi_n) on the 128x128 pingpong tile, the cooperative
     256x128 tile (4 A/B stages with them) and 128x256, and the pingpong dact's two-slot preact
     ring (dact_prefetch=2) with and without them."""
     pp = GemmConfig(128, 128, 2, 1, 16, consumers="pingpong", epi_n=16)
