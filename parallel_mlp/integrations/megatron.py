@@ -141,13 +141,16 @@ class MegatronParallelMLP(MegatronModule):
     ``use_cpu_initialization``.
 
     Options (through :func:`mlp_spec`): ``recompute`` (keep only the input for backward and
-    replay fc1 there: cheaper than Megatron's selective recompute of the whole MLP) and
-    ``backend`` (``"auto"``, ``"cute"``, ``"torch"``).
+    replay fc1 there: cheaper than Megatron's selective recompute of the whole MLP),
+    ``fuse_grad_accum`` (None: the config's ``gradient_accumulation_fusion``; True turns it on for
+    this MLP alone, which needs no APEX, while Megatron's own linears refuse the config flag
+    without APEX) and ``backend`` (``"auto"``, ``"cute"``, ``"torch"``).
     """
 
     def __init__(self, config, submodules=None, is_expert: bool = False,
                  input_size: Optional[int] = None, ffn_hidden_size: Optional[int] = None,
-                 tp_group=None, *, recompute: bool = False, backend: str = "auto"):
+                 tp_group=None, *, recompute: bool = False, fuse_grad_accum: Optional[bool] = None,
+                 backend: str = "auto"):
         super().__init__(config=config)
         if is_expert:
             raise ValueError("is_expert=True: MegatronParallelMLP is the dense MLP; Megatron's MoE "
@@ -169,7 +172,9 @@ class MegatronParallelMLP(MegatronModule):
         require_divisible("ffn_hidden_size", hidden, self.tp.size)
         self.hidden_size = hidden
         self.sequence_parallel = bool(config.sequence_parallel) and self.tp.size > 1
-        self.fuse_grad_accum = bool(getattr(config, "gradient_accumulation_fusion", False))
+        if fuse_grad_accum is None:
+            fuse_grad_accum = getattr(config, "gradient_accumulation_fusion", False)
+        self.fuse_grad_accum = bool(fuse_grad_accum)
         self.recompute, self.backend = bool(recompute), backend
 
         gated = self.activation.gated
@@ -309,10 +314,11 @@ def interleaved_glu_factory(sh_ten: ShardedTensor, sharded_offsets: tuple = (),
 def mlp_spec(**options) -> ModuleSpec:
     """A ModuleSpec that ``build_module(spec, config=...)`` turns into a
     :class:`MegatronParallelMLP`; ``options`` are its keyword options (``recompute``,
-    ``backend``)."""
-    unknown = set(options) - {"recompute", "backend"}
+    ``fuse_grad_accum``, ``backend``)."""
+    known = {"recompute", "fuse_grad_accum", "backend"}
+    unknown = set(options) - known
     if unknown:
-        raise TypeError(f"mlp_spec: unknown options {sorted(unknown)}; known: backend, recompute")
+        raise TypeError(f"mlp_spec: unknown options {sorted(unknown)}; known: {sorted(known)}")
     return ModuleSpec(module=MegatronParallelMLP, params=dict(options))
 
 

@@ -347,6 +347,58 @@ def test_gradient_accumulation_fusion_fills_main_grad():
     run_distributed(2, _fused_main_grad)
 
 
+def _under_megatron_ddp(rank, world):
+    """The real DistributedDataParallel and finalize_model_grads around a GPT from our layer spec,
+    sequence parallel, with our MLP's fused accumulation (mlp_spec(fuse_grad_accum=True): the
+    config flag would make Megatron's attention linears demand APEX): over two micro-batches every
+    main_grad
+    (ours written in place by the wgrad GEMMs, the rest by DDP's hooks; the sequence-parallel ones
+    summed over TP by finalize) equals the plain .grad of an identical model without DDP."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
+                                           finalize_model_grads)
+    from megatron.core.models.gpt import GPTModel
+
+    from parallel_mlp.integrations.megatron import gpt_layer_spec
+
+    megatron_cpu.init_megatron(world)
+    kw = dict(num_layers=2, hidden_size=64, ffn_hidden_size=128, gated_linear_unit=True,
+              activation_func=F.silu, add_bias_linear=True, sequence_parallel=True)
+    models = {}
+    for fused in (True, False):
+        torch.manual_seed(0)
+        config = megatron_cpu.transformer_config(**kw)
+        spec = gpt_layer_spec(backend="torch", fuse_grad_accum=fused)
+        models[fused] = GPTModel(config=config, transformer_layer_spec=spec,
+                                 vocab_size=VOCAB, max_sequence_length=GPT_SEQ,
+                                 position_embedding_type="rope")
+    ddp = DistributedDataParallel(config=models[True].config,
+                                  ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=True),
+                                  module=models[True])
+    ddp.zero_grad_buffer()
+    pos = torch.arange(GPT_SEQ).unsqueeze(0).expand(GPT_BATCH, GPT_SEQ)
+    mask = torch.triu(torch.ones(GPT_SEQ, GPT_SEQ, dtype=torch.bool), 1)[None, None]
+    for step in range(2):
+        tokens, labels = _tokens(step)
+        ddp(tokens, pos, attention_mask=mask, labels=labels).float().mean().backward()
+        models[False](tokens, pos, attention_mask=mask, labels=labels).float().mean().backward()
+    finalize_model_grads([ddp])
+    tp_group = parallel_state.get_tensor_model_parallel_group()
+    mlp = models[True].decoder.layers[0].mlp
+    assert mlp.fuse_grad_accum and mlp.linear_fc1.weight.grad_added_to_main_grad is True
+    plain = dict(models[False].named_parameters())
+    for name, p in models[True].named_parameters():
+        want = plain[name].grad.clone()
+        if getattr(p, "sequence_parallel", False):
+            dist.all_reduce(want, group=tp_group)
+        close(f"main_grad of {name}", p.main_grad, want)
+
+
+def test_fused_accumulation_under_megatrons_ddp():
+    run_distributed(2, _under_megatron_ddp)
+
+
 # ---- activations, errors, specs ---------------------------------------------------------------
 
 
@@ -392,7 +444,7 @@ def _errors(rank, world):
         build_module(mlp_spec(), config=_config("swiglu"), is_expert=True)
     with pytest.raises(ValueError, match="ffn_hidden_size=45 is not divisible by the tensor-parallel size 2"):
         build_module(mlp_spec(), config=_config("swiglu", ffn_hidden_size=45))
-    with pytest.raises(TypeError, match=r"mlp_spec: unknown options \['recompte'\]"):
+    with pytest.raises(TypeError, match=r"mlp_spec: unknown options \['recompte'\]; known"):
         mlp_spec(recompte=True)
 
 
