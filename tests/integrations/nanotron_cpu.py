@@ -91,9 +91,18 @@ def _accept_numpy_ints_in_shapes() -> None:
 def install() -> None:
     """Call before importing anything under nanotron (in every process)."""
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
-    _stub_flash_attn()
     _break_import_cycle()
     _accept_numpy_ints_in_shapes()
+
+
+def import_llama():
+    """``nanotron.models.llama``, with flash-attn stubbed where it is not installed. Called only in
+    the spawned test processes: a stub in the pytest process would tell other libraries that
+    probe for flash-attn (transformers) that it is there."""
+    _stub_flash_attn()
+    from nanotron.models import llama
+
+    return llama
 
 
 class SerializeContext:

@@ -44,9 +44,7 @@ def configs(hidden_act="silu", mode="ALL_REDUCE", async_comm=False, world=1):
 
 
 def native_mlp(config, parallel, group):
-    from nanotron.models.llama import MLP
-
-    return MLP(config=config, parallel_config=parallel, tp_pg=group)
+    return nanotron_cpu.import_llama().MLP(config=config, parallel_config=parallel, tp_pg=group)
 
 
 def ours_from(native, config, parallel, group):
@@ -197,9 +195,9 @@ def test_checkpoints_move_between_nanotron_and_ours(direction, save_tp, load_tp,
 
 def _context_manager(rank, world):
     import torch.distributed as dist
-    from nanotron.models import llama
     from nanotron.parallel.tensor_parallel.nn import TensorParallelColumnLinear
 
+    llama = nanotron_cpu.import_llama()
     group = dist.new_group(list(range(world)))
     config, parallel = configs(world=world)
     stock = llama.MLP
@@ -255,11 +253,12 @@ def test_parameters_are_marked_for_nanotron():
 @pytest.mark.gpu
 def test_full_llama_trains_with_our_mlp_on_gpu():
     """The whole LlamaForTraining needs CUDA (its P2P buffers) and flash-attn."""
+    import importlib.util
+
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    if "flash_attn.flash_attn_interface" in __import__("sys").modules and \
-            getattr(__import__("sys").modules["flash_attn"], "__file__", None) is None:
-        pytest.skip("needs flash-attn, which is stubbed out here")
+    if importlib.util.find_spec("flash_attn") is None:
+        pytest.skip("needs flash-attn, which is not installed")
     run_distributed(1, _full_llama, backend="nccl")
 
 
@@ -267,16 +266,16 @@ def _full_llama(rank, world):
     import torch.distributed as dist
     from nanotron.config import LlamaConfig, ParallelismArgs
     from nanotron.models import build_model
-    from nanotron.models.llama import LlamaForTraining
     from nanotron.parallel import ParallelContext
     from nanotron.random import RandomStates
 
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))  # read by nanotron
     context = ParallelContext(tensor_parallel_size=world, pipeline_parallel_size=1, data_parallel_size=1)
     config = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=4, vocab_size=256)
     parallel = ParallelismArgs(dp=1, pp=1, tp=world)
     with llama_with_parallel_mlp():
-        model = build_model(lambda: LlamaForTraining(config=config, parallel_context=context,
+        model = build_model(lambda: nanotron_cpu.import_llama().LlamaForTraining(config=config, parallel_context=context,
                                                      parallel_config=parallel,
                                                      random_states=RandomStates({})),
                             parallel_context=context, dtype=torch.bfloat16,
