@@ -15,6 +15,7 @@ shape, remember the choice on disk).
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import importlib.util
 from typing import Optional
@@ -222,12 +223,18 @@ def _stream_k_workspace(m: int, n: int, cfg, device: torch.device) -> torch.Tens
     return ws
 
 
-def _pick_config(spec, a, bk, d_dtype, config, tuned):
+def _pick_config(spec, a, bk, d_dtype, config, tuned, whole_rows=None):
     m, k = a.shape
     n = bk.shape[0]
     dev = a.device.index if a.device.index is not None else torch.cuda.current_device()
     if config is not None:
         return config
+    if whole_rows is not None:
+        # A block of rows of a larger GEMM (the tensor-parallel overlap runs a GEMM block by block):
+        # the whole GEMM's tile, cluster and schedule, so every output element is accumulated as
+        # the whole GEMM would. Not its stream-K split, which is sized for the whole grid.
+        return dataclasses.replace(default_config(whole_rows, n, k, _num_sms(dev), spec.kind),
+                                   stream_k=False)
     if tuned:
         from .tuning import tuned_config
 
@@ -235,11 +242,11 @@ def _pick_config(spec, a, bk, d_dtype, config, tuned):
     return default_config(m, n, k, _num_sms(dev), spec.kind)
 
 
-def _launch(spec: EpilogueSpec, a, bk, d=None, post=None, prein=None, dpre=None, bias=None, *, d_dtype, config=None, tuned=False):
+def _launch(spec: EpilogueSpec, a, bk, d=None, post=None, prein=None, dpre=None, bias=None, *, d_dtype, config=None, tuned=False, whole_rows=None):
     """Run the kernel D/epilogue(a @ bk.T) with bk the (N, K) view of b."""
     from .compile import KernelKey, get_kernel
 
-    cfg = _pick_config(spec, a, bk, d_dtype, config, tuned)
+    cfg = _pick_config(spec, a, bk, d_dtype, config, tuned, whole_rows)
     if cfg.stream_k:
         dev = a.device.index if a.device.index is not None else torch.cuda.current_device()
         if cfg.num_sms > _num_sms(dev):
@@ -267,6 +274,16 @@ def _launch(spec: EpilogueSpec, a, bk, d=None, post=None, prein=None, dpre=None,
         del keep
 
 
+def _output(out, shape, a, name):
+    """A new [shape] tensor like a, or `out` after checking it fits."""
+    if out is None:
+        return torch.empty(shape, dtype=a.dtype, device=a.device)
+    if tuple(out.shape) != tuple(shape) or out.dtype != a.dtype or out.device != a.device:
+        raise ValueError(f"{name} is {tuple(out.shape)} {out.dtype} on {out.device}, expected "
+                         f"{tuple(shape)} {a.dtype} on {a.device}")
+    return out
+
+
 def _aligned(*widths_and_sizes) -> bool:
     """Row strides (in elements, with their element sizes) that TMA can address: 16-byte multiples."""
     return all((w * es) % 16 == 0 for w, es in widths_and_sizes)
@@ -285,9 +302,11 @@ def _shapes(a, b):
 # ---- the ops -----------------------------------------------------------------------------------
 
 
-def gemm(a, b, out=None, out_dtype=None, accumulate=False, *, config: Optional[GemmConfig] = None, tuned=False):
+def gemm(a, b, out=None, out_dtype=None, accumulate=False, *, config: Optional[GemmConfig] = None, tuned=False,
+         whole_rows: Optional[int] = None):
     """out (+)= a @ b. `accumulate=True` adds into `out` (fp32: a TMA reduce-add, out is not read
-    back through registers)."""
+    back through registers). `whole_rows`: a is a block of rows of an a with that many rows; the
+    kernel is chosen as for the whole GEMM."""
     m, k, n = _shapes(a, b)
     _check(a, b)
     if accumulate and out is None:
@@ -298,7 +317,7 @@ def gemm(a, b, out=None, out_dtype=None, accumulate=False, *, config: Optional[G
         raise ValueError(f"out is {tuple(out.shape)}, expected {(m, n)}")
     if accumulate and out.dtype != torch.float32:
         # No reduce-add for 16-bit D here: compute in fp32 and add, which rounds once.
-        out.add_(gemm(a, b, out_dtype=torch.float32, config=config, tuned=tuned))
+        out.add_(gemm(a, b, out_dtype=torch.float32, config=config, tuned=tuned, whole_rows=whole_rows))
         return out
     if m == 0 or n == 0:
         return out
@@ -308,20 +327,24 @@ def gemm(a, b, out=None, out_dtype=None, accumulate=False, *, config: Optional[G
         return out
     if _tensor_reason(out, "out") is not None:
         # An out view TMA cannot address (misaligned stride or pointer): compute, then copy/add.
-        r = gemm(a, b, out_dtype=torch.float32 if accumulate else out.dtype, config=config, tuned=tuned)
+        r = gemm(a, b, out_dtype=torch.float32 if accumulate else out.dtype, config=config, tuned=tuned,
+                 whole_rows=whole_rows)
         out.add_(r) if accumulate else out.copy_(r)
         return out
     spec = EpilogueSpec("accumulate" if accumulate else "store")
     if _major(out) == "row":
-        _launch(spec, a, b.t(), d=out, d_dtype=out.dtype, config=config, tuned=tuned)
+        _launch(spec, a, b.t(), d=out, d_dtype=out.dtype, config=config, tuned=tuned, whole_rows=whole_rows)
     else:
-        # Column-major out: out.T = b.T @ a.T is a row-major problem with the operands swapped.
+        # Column-major out: out.T = b.T @ a.T is a row-major problem with the operands swapped
+        # (its rows are b's columns, so a block of a's rows says nothing about them).
         _launch(spec, b.t(), a, d=out.t(), d_dtype=out.dtype, config=config, tuned=tuned)
     return out
 
 
-def gemm_act(a, b, activation, bias=None, store_preact=True, *, config: Optional[GemmConfig] = None, tuned=False):
-    """preact = a @ b (+ bias), postact = act(preact). Returns (preact or None, postact)."""
+def gemm_act(a, b, activation, bias=None, store_preact=True, *, config: Optional[GemmConfig] = None, tuned=False,
+             out_preact=None, out_postact=None, whole_rows: Optional[int] = None):
+    """preact = a @ b (+ bias), postact = act(preact). Returns (preact or None, postact).
+    `out_preact` / `out_postact`: write into these (e.g. row blocks of larger tensors)."""
     act = get_activation(activation)
     m, k, n = _shapes(a, b)
     _check(a, b, bias)
@@ -331,8 +354,9 @@ def gemm_act(a, b, activation, bias=None, store_preact=True, *, config: Optional
         raise ValueError(f"bias is {tuple(bias.shape)}, expected {(n,)}")
     if bias is not None and bias.stride(0) != 1:
         bias = bias.contiguous()  # the epilogue indexes bias with unit stride
-    preact = torch.empty(m, n, dtype=a.dtype, device=a.device) if store_preact else None
-    postact = torch.empty(m, n // 2 if act.gated else n, dtype=a.dtype, device=a.device)
+    post_n = n // 2 if act.gated else n
+    preact = _output(out_preact, (m, n), a, "out_preact") if store_preact else None
+    postact = _output(out_postact, (m, post_n), a, "out_postact")
     if m == 0 or n == 0:
         return preact, postact
     if k == 0:  # act of (bias or 0): not worth a kernel
@@ -341,7 +365,8 @@ def gemm_act(a, b, activation, bias=None, store_preact=True, *, config: Optional
             preact.copy_(z)
         postact.copy_(act.forward(z))
         return preact, postact
-    if not _aligned((n, a.element_size()), (postact.shape[1], a.element_size())):
+    if not _aligned((n, a.element_size()), (postact.shape[1], a.element_size())) or any(
+            t is not None and _tensor_reason(t, "out") for t in (preact, postact)):
         # An output row that TMA cannot store (e.g. a gated h that is not a multiple of 8):
         # the reference math, so the result is still right, just not fused.
         ref = (a @ b).float() + (0 if bias is None else bias.float())
@@ -350,12 +375,15 @@ def gemm_act(a, b, activation, bias=None, store_preact=True, *, config: Optional
         postact.copy_(act.forward(ref))
         return preact, postact
     spec = EpilogueSpec("act", act.name, bias is not None, store_preact)
-    _launch(spec, a, b.t(), d=preact, post=postact, bias=bias, d_dtype=a.dtype, config=config, tuned=tuned)
+    _launch(spec, a, b.t(), d=preact, post=postact, bias=bias, d_dtype=a.dtype, config=config, tuned=tuned,
+            whole_rows=whole_rows)
     return preact, postact
 
 
-def gemm_dact(a, b, preact, activation, *, config: Optional[GemmConfig] = None, tuned=False):
-    """dpostact = a @ b; returns (dpreact = act'(preact) * dpostact, postact = act(preact))."""
+def gemm_dact(a, b, preact, activation, *, config: Optional[GemmConfig] = None, tuned=False,
+              out_dpreact=None, out_postact=None, whole_rows: Optional[int] = None):
+    """dpostact = a @ b; returns (dpreact = act'(preact) * dpostact, postact = act(preact)).
+    `out_dpreact` / `out_postact`: write into these (e.g. row blocks of larger tensors)."""
     act = get_activation(activation)
     m, k, n = _shapes(a, b)
     width = 2 * n if act.gated else n
@@ -366,8 +394,8 @@ def gemm_dact(a, b, preact, activation, *, config: Optional[GemmConfig] = None, 
     if preact.stride(1) != 1:
         preact = preact.contiguous()  # the epilogue reads preact row-major
     _check(a, b)
-    dpreact = torch.empty(m, width, dtype=a.dtype, device=a.device)
-    postact = torch.empty(m, n, dtype=a.dtype, device=a.device)
+    dpreact = _output(out_dpreact, (m, width), a, "out_dpreact")
+    postact = _output(out_postact, (m, n), a, "out_postact")
     if m == 0 or n == 0:
         return dpreact, postact
     if k == 0:
@@ -375,7 +403,8 @@ def gemm_dact(a, b, preact, activation, *, config: Optional[GemmConfig] = None, 
         dpreact.copy_(d)
         postact.copy_(p)
         return dpreact, postact
-    if not _aligned((n, a.element_size()), (width, a.element_size())) or _tensor_reason(preact, "preact"):
+    if not _aligned((n, a.element_size()), (width, a.element_size())) or any(
+            _tensor_reason(t, "t") for t in (preact, dpreact, postact)):
         # Rows TMA cannot load or store (e.g. a gated h that is not a multiple of 8, or a
         # misaligned preact view): the reference math, still right, just not fused.
         d, p = act.backward(preact, a @ b)
@@ -383,8 +412,9 @@ def gemm_dact(a, b, preact, activation, *, config: Optional[GemmConfig] = None, 
         postact.copy_(p)
         return dpreact, postact
     spec = EpilogueSpec("dact", act.name)
+    kw = dict(d_dtype=a.dtype, config=config, tuned=tuned, whole_rows=whole_rows)
     if act.gated:
-        _launch(spec, a, b.t(), post=postact, prein=preact, dpre=dpreact, d_dtype=a.dtype, config=config, tuned=tuned)
+        _launch(spec, a, b.t(), post=postact, prein=preact, dpre=dpreact, **kw)
     else:
-        _launch(spec, a, b.t(), d=dpreact, post=postact, prein=preact, d_dtype=a.dtype, config=config, tuned=tuned)
+        _launch(spec, a, b.t(), d=dpreact, post=postact, prein=preact, **kw)
     return dpreact, postact

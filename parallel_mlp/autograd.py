@@ -19,7 +19,9 @@ Backward::
     wait(dx)
 
 Only the local ``x`` is saved: with sequence parallelism, a 1/p slice, re-gathered in backward
-while the dgrad GEMMs run (Megatron does the same). The backward is not differentiable: it
+while the dgrad GEMMs run (Megatron does the same). With ``tp_comm_overlap`` the gathers before
+fc1 and the dact, and the reduce-scatters or all-reduce after fc2 and the dx GEMM, run block by
+block beside those GEMMs (overlap.py). The backward is not differentiable: it
 accumulates into gradient buffers in place and recomputes what it needs, so a second backward
 through it raises instead of returning wrong second derivatives.
 """
@@ -33,7 +35,8 @@ import torch
 from .activations import Activation
 from .backends import resolve
 from .grad_accum import weight_grad
-from .tp import TPGroup, all_gather_rows, all_reduce, reduce_scatter_rows
+from . import overlap as overlap_mod
+from .tp import Pending, TPGroup, all_gather_rows, all_reduce, reduce_scatter_rows
 
 DOUBLE_BACKWARD_ERROR = (
     "parallel_mlp: the fused MLP's backward is not differentiable, so a second backward "
@@ -74,27 +77,58 @@ def _bias_grad(grad_out: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     return grad_out.sum(0, dtype=torch.float32).to(bias.dtype)
 
 
+def _fc1(ops, x2d, w1c, b1c, act, store_preact, tp, sp, overlap):
+    """(preact or None, postact) of fc1 over every rank's rows (sequence parallel: gathered
+    first, or block by block as the rows arrive)."""
+    if not sp:
+        return ops.gemm_act(x2d, w1c.t(), act.name, bias=b1c, store_preact=store_preact)
+    if not overlap:
+        return ops.gemm_act(all_gather_rows(x2d, tp), w1c.t(), act.name, bias=b1c,
+                            store_preact=store_preact)
+    rows = tp.size * x2d.shape[0]
+    features = w1c.shape[0]
+    preact = x2d.new_empty(rows, features) if store_preact else None
+    postact = x2d.new_empty(rows, features // 2 if act.gated else features)
+
+    def block(owner, r, xb):
+        ops.gemm_act(xb, w1c.t(), act.name, bias=b1c, store_preact=store_preact,
+                     out_preact=None if preact is None else preact[r], out_postact=postact[r],
+                     whole_rows=rows)
+
+    overlap_mod.RowsInFlight(x2d, tp).each(block)
+    return preact, postact
+
+
+def _fc2(ops, postact, w2c, tp, sp, overlap):
+    """fc2's output summed over the group: all-reduced, or reduce-scattered to each rank's rows;
+    with overlap, block by block while the next block is computed."""
+    if overlap:
+        if sp:
+            return overlap_mod.gemm_reduce_scatter(postact, w2c.t(), tp, ops).wait()
+        return overlap_mod.gemm_all_reduce(postact, w2c.t(), tp, ops).wait()
+    y = ops.gemm(postact, w2c.t())
+    if sp:
+        return reduce_scatter_rows(y, tp)
+    all_reduce(y, tp)
+    return y
+
+
 class ParallelMLPFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w1, b1, w2, b2, act: Activation, tp: TPGroup, recompute: bool,
-                fuse_grad_accum: bool, backend: str, sequence_parallel: bool = False):
+                fuse_grad_accum: bool, backend: str, sequence_parallel: bool = False,
+                comm_overlap: bool = False):
         dtype = _compute_dtype(x)
         sp = sequence_parallel and tp.size > 1
+        overlap = comm_overlap and tp.size > 1
         # Autocast is resolved here once; the ops below must see exactly the dtypes chosen.
         with torch.autocast(x.device.type, enabled=False):
             x2d = x.reshape(-1, x.shape[-1]).to(dtype)
-            x_full = all_gather_rows(x2d, tp) if sp else x2d
             w1c, b1c, w2c, b2c = (_cast(t, dtype) for t in (w1, b1, w2, b2))
-            ops = resolve(backend, x_full, w1c, w2c, b1c)
-            preact, postact = ops.gemm_act(x_full, w1c.t(), act.name, bias=b1c,
-                                           store_preact=not recompute)
-            del x_full
-            y = ops.gemm(postact, w2c.t())
+            ops = resolve(backend, x2d, w1c, w2c, b1c)
+            preact, postact = _fc1(ops, x2d, w1c, b1c, act, not recompute, tp, sp, overlap)
+            y = _fc2(ops, postact, w2c, tp, sp, overlap)
             del postact
-            if sp:
-                y = reduce_scatter_rows(y, tp)
-            else:
-                all_reduce(y, tp)
             if b2c is not None:
                 y.add_(b2c)
 
@@ -109,7 +143,7 @@ class ParallelMLPFunction(torch.autograd.Function):
         ctx.weights = (w1, w2)
         ctx.biases = (b1, b2)
         ctx.x_meta = (x.shape, x.dtype)
-        ctx.act, ctx.tp, ctx.recompute, ctx.sp = act, tp, recompute, sp
+        ctx.act, ctx.tp, ctx.recompute, ctx.sp, ctx.overlap = act, tp, recompute, sp, overlap
         ctx.fuse, ctx.backend = fuse_grad_accum, backend
         return y.view(*x.shape[:-1], y.shape[-1])
 
@@ -122,34 +156,57 @@ class ParallelMLPFunction(torch.autograd.Function):
         b1, b2 = ctx.biases
         x_shape, x_dtype = ctx.x_meta
         need_x, need_w1, need_b1, need_w2, need_b2 = ctx.needs_input_grad[:5]
-        act, backend, tp, sp = ctx.act, ctx.backend, ctx.tp, ctx.sp
+        act, backend, tp, sp, overlap = ctx.act, ctx.backend, ctx.tp, ctx.sp, ctx.overlap
 
         dy2d = dy.reshape(-1, dy.shape[-1]).to(x2d.dtype)
-        if sp:
-            # dy first: the first GEMM waits for it. x is needed only by dW1 (or the fc1 replay),
-            # so its gather runs behind the dgrad GEMMs.
-            dy_pending = all_gather_rows(dy2d, tp, async_op=True)
-            need_x_full = need_w1 or ctx.recompute
-            x_pending = all_gather_rows(x2d, tp, async_op=True) if need_x_full else None
-            dy_full = dy_pending.wait()
-        else:
-            dy_full, x_pending = dy2d, None
+        ops = resolve(backend, x2d, w1c, w2c, dy2d)
+        rows = tp.size * x2d.shape[0] if sp else x2d.shape[0]
 
-        def x_full():
-            return x_pending.wait() if x_pending is not None else x2d
-
-        ops = resolve(backend, x2d, w1c, w2c, dy_full)
-        if ctx.recompute:
+        def replay_fc1(x_rows, out=None, whole_rows=None):
             if b1c is None:
                 # Only preact is needed. A plain GEMM of the same shape runs the same kernel
                 # config and mainloop as forward's gemm_act and rounds the same fp32 accumulator
                 # once, so it gives the same bits, without writing a postact nobody reads.
-                preact = ops.gemm(x_full(), w1c.t())
-            else:
-                # With a bias, gemm_act rounds (acc + b1) once; a GEMM then a bias add would
-                # round twice. Replay the forward's own op instead.
-                preact, _ = ops.gemm_act(x_full(), w1c.t(), act.name, bias=b1c, store_preact=True)
-        dpreact, postact = ops.gemm_dact(dy_full, w2c, preact, act.name)
+                return ops.gemm(x_rows, w1c.t(), out=out, whole_rows=whole_rows)
+            # With a bias, gemm_act rounds (acc + b1) once; a GEMM then a bias add would round
+            # twice. Replay the forward's own op instead.
+            return ops.gemm_act(x_rows, w1c.t(), act.name, bias=b1c, store_preact=True,
+                                out_preact=out, whole_rows=whole_rows)[0]
+
+        # Under sequence parallelism x is needed whole only by dW1 (or the fc1 replay): its gather
+        # runs behind the dgrad GEMMs, issued after dy's, which the first GEMM waits for.
+        x_pending = None
+        if sp and ctx.recompute and overlap:
+            # The replay runs block by block as x's rows arrive; it leaves x gathered for dW1.
+            preact = x2d.new_empty(rows, w1c.shape[0])
+            x_full = overlap_mod.RowsInFlight(x2d, tp).each(
+                lambda owner, r, xb: replay_fc1(xb, out=preact[r], whole_rows=rows))
+            x_pending = Pending(x_full)
+        if sp and overlap:
+            dy_flight = overlap_mod.RowsInFlight(dy2d, tp)
+        elif sp:
+            dy_pending = all_gather_rows(dy2d, tp, async_op=True)
+        if sp and x_pending is None and (need_w1 or ctx.recompute):
+            x_pending = all_gather_rows(x2d, tp, async_op=True)
+
+        def x_full():
+            return x_pending.wait() if x_pending is not None else x2d
+
+        if ctx.recompute and preact is None:
+            preact = replay_fc1(x_full())
+        if sp and overlap:
+            width = w2c.shape[1]
+            dpreact = x2d.new_empty(rows, preact.shape[1])
+            postact = x2d.new_empty(rows, width)
+
+            def dact_block(owner, r, dyb):
+                ops.gemm_dact(dyb, w2c, preact[r], act.name, out_dpreact=dpreact[r],
+                              out_postact=postact[r], whole_rows=rows)
+
+            dy_full = dy_flight.each(dact_block)
+        else:
+            dy_full = dy_pending.wait() if sp else dy2d
+            dpreact, postact = ops.gemm_dact(dy_full, w2c, preact, act.name)
         del preact
 
         grad_w2 = weight_grad(backend, dy_full.t(), postact, w2, ctx.fuse) if need_w2 else None
@@ -160,12 +217,15 @@ class ParallelMLPFunction(torch.autograd.Function):
 
         dx_pending = None
         if need_x:
-            dx_full = ops.gemm(dpreact, w1c)
-            if sp:
-                dx_pending = reduce_scatter_rows(dx_full, tp, async_op=True)
+            if sp and overlap:
+                dx_pending = overlap_mod.gemm_reduce_scatter(dpreact, w1c, tp, ops)
             else:
-                dx_pending = all_reduce(dx_full, tp, async_op=True)
-            del dx_full
+                dx_full = ops.gemm(dpreact, w1c)
+                if sp:
+                    dx_pending = reduce_scatter_rows(dx_full, tp, async_op=True)
+                else:
+                    dx_pending = all_reduce(dx_full, tp, async_op=True)
+                del dx_full
         grad_w1 = weight_grad(backend, dpreact.t(), x_full(), w1, ctx.fuse) if need_w1 else None
         grad_b1 = _bias_grad(dpreact, b1) if need_b1 else None
         if x_pending is not None:
@@ -174,5 +234,4 @@ class ParallelMLPFunction(torch.autograd.Function):
         if dx_pending is not None:
             grad_x = dx_pending.wait().view(x_shape).to(x_dtype)
         return (grad_x, grad_w1, grad_b1, grad_w2, grad_b2,
-                None, None, None, None, None, None)
-
+                None, None, None, None, None, None, None)

@@ -6,6 +6,11 @@ Three ops (``b`` is usually a transposed view of a weight)::
     gemm_act(a, b, activation, bias=None, store_preact=True) -> (preact | None, postact)
     gemm_dact(a, b, preact, activation) -> (dpreact, postact)          # dpostact = a @ b
 
+For the tensor-parallel overlap, which runs a GEMM block of rows by block of rows, gemm_act and
+gemm_dact also take their outputs (``out_preact``, ``out_postact``, ``out_dpreact``: row blocks of
+the whole outputs), and every op takes ``whole_rows``: the rows of the GEMM ``a`` is a block of,
+so that the kernel chosen for the block is the whole GEMM's (cute; the torch backend ignores it).
+
 ``torch`` is the reference and the fallback: cuBLAS (or the CPU matmul) plus the activation math of
 :mod:`parallel_mlp.activations`. ``cute`` runs the CuTe DSL kernels of ``parallel_mlp.kernels`` on
 sm_90. ``auto`` takes ``cute`` where it applies and otherwise ``torch``, saying why once at debug level.
@@ -91,7 +96,7 @@ class TorchBackend:
     name = "torch"
 
     @staticmethod
-    def gemm(a, b, out=None, out_dtype=None, accumulate=False):
+    def gemm(a, b, out=None, out_dtype=None, accumulate=False, whole_rows=None):
         if accumulate:
             if out is None:
                 raise ValueError("gemm(accumulate=True) needs out= to accumulate into")
@@ -105,7 +110,8 @@ class TorchBackend:
         return out.copy_(result)
 
     @staticmethod
-    def gemm_act(a, b, activation, bias=None, store_preact=True):
+    def gemm_act(a, b, activation, bias=None, store_preact=True, out_preact=None,
+                 out_postact=None, whole_rows=None):
         act = get_activation(activation)
         preact = a @ b if bias is None else torch.addmm(bias, a, b)
         postact = fused_act.forward(act, preact)
@@ -114,20 +120,32 @@ class TorchBackend:
             postact = preact.new_empty(preact.shape[0], width)
             for rows in _row_chunks(preact):
                 postact[rows] = act.forward(preact[rows])
-        return (preact if store_preact else None), postact
+        preact = _into(out_preact, preact) if store_preact else None
+        return preact, _into(out_postact, postact)
 
     @staticmethod
-    def gemm_dact(a, b, preact, activation):
+    def gemm_dact(a, b, preact, activation, out_dpreact=None, out_postact=None, whole_rows=None):
         act = get_activation(activation)
         dpostact = a @ b
         fused = fused_act.backward(act, preact, dpostact)
         if fused is not None:
-            return fused
-        dpreact = torch.empty_like(preact)
-        postact = torch.empty_like(dpostact)
-        for rows in _row_chunks(preact):
-            dpreact[rows], postact[rows] = act.backward(preact[rows], dpostact[rows])
-        return dpreact, postact
+            dpreact, postact = fused
+        else:
+            dpreact = torch.empty_like(preact)
+            postact = torch.empty_like(dpostact)
+            for rows in _row_chunks(preact):
+                dpreact[rows], postact[rows] = act.backward(preact[rows], dpostact[rows])
+        return _into(out_dpreact, dpreact), _into(out_postact, postact)
+
+
+def _into(out, t):
+    """t, or t copied into the caller's buffer (the reference path computes, then places)."""
+    if out is None:
+        return t
+    if out.shape != t.shape or out.dtype != t.dtype:
+        raise ValueError(f"output buffer is {tuple(out.shape)} {out.dtype}, the result "
+                         f"{tuple(t.shape)} {t.dtype}")
+    return out.copy_(t)
 
 
 # Unfused, the activation math runs in fp32 with several temporaries per element; doing it a block of
@@ -167,16 +185,22 @@ class CuteBackend:
         return ops.unsupported_reason(*tensors)
 
     @classmethod
-    def gemm(cls, a, b, out=None, out_dtype=None, accumulate=False):
-        return cls._ops().gemm(a, b, out=out, out_dtype=out_dtype, accumulate=accumulate)
+    def gemm(cls, a, b, out=None, out_dtype=None, accumulate=False, whole_rows=None):
+        return cls._ops().gemm(a, b, out=out, out_dtype=out_dtype, accumulate=accumulate,
+                               whole_rows=whole_rows)
 
     @classmethod
-    def gemm_act(cls, a, b, activation, bias=None, store_preact=True):
-        return cls._ops().gemm_act(a, b, activation, bias=bias, store_preact=store_preact)
+    def gemm_act(cls, a, b, activation, bias=None, store_preact=True, out_preact=None,
+                 out_postact=None, whole_rows=None):
+        return cls._ops().gemm_act(a, b, activation, bias=bias, store_preact=store_preact,
+                                   out_preact=out_preact, out_postact=out_postact,
+                                   whole_rows=whole_rows)
 
     @classmethod
-    def gemm_dact(cls, a, b, preact, activation):
-        return cls._ops().gemm_dact(a, b, preact, activation)
+    def gemm_dact(cls, a, b, preact, activation, out_dpreact=None, out_postact=None,
+                  whole_rows=None):
+        return cls._ops().gemm_dact(a, b, preact, activation, out_dpreact=out_dpreact,
+                                    out_postact=out_postact, whole_rows=whole_rows)
 
 
 _warned: set[str] = set()

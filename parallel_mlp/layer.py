@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from . import checkpoint
+from . import overlap as overlap_mod
 from .activations import get_activation
 from .autograd import ParallelMLPFunction
 from .backends import check_backend_name
@@ -19,14 +20,15 @@ from .tp import TPGroup, all_gather_objects, resolve_group
 
 def parallel_mlp_func(x, w1, w2, activation, *, b1=None, b2=None, tp_group=None,
                       sequence_parallel=False, recompute=False, fuse_grad_accum=False,
-                      backend="auto"):
+                      backend="auto", tp_comm_overlap=False):
     """The TP MLP on this rank's shards: ``all_reduce(act(x @ w1.T + b1) @ w2.T) + b2``.
 
     ``w1`` is this rank's fc1 rows (gated: interleaved gate/up pairs), ``w2`` its fc2 columns,
     ``b1`` its fc1 bias slice and ``b2`` the full, replicated fc2 bias. Collective when the TP
     group has more than one rank. With ``sequence_parallel``, ``x`` and the result are this rank's
     contiguous slice of dim 0 (rank order, equal slices on every rank):
-    ``reduce_scatter(act(all_gather(x) @ w1.T + b1) @ w2.T) + b2``.
+    ``reduce_scatter(act(all_gather(x) @ w1.T + b1) @ w2.T) + b2``. ``tp_comm_overlap``
+    (False, True or "auto": on with NCCL) runs those collectives block by block beside the GEMMs.
     """
     act = get_activation(activation)
     check_backend_name(backend)
@@ -34,8 +36,9 @@ def parallel_mlp_func(x, w1, w2, activation, *, b1=None, b2=None, tp_group=None,
     if sequence_parallel:
         check_sequence_parallel_input(x)
     tp = tp_group if isinstance(tp_group, TPGroup) else resolve_group(tp_group)
+    overlap = overlap_mod.enabled(tp_comm_overlap, tp)
     return _apply(x, w1, b1, w2, b2, act, tp, bool(recompute), bool(fuse_grad_accum), backend,
-                  bool(sequence_parallel))
+                  bool(sequence_parallel), overlap)
 
 
 # torch.compile of a model around the layer runs the fused function as it is, between compiled
@@ -95,7 +98,7 @@ class ParallelMLP(nn.Module):
     def __init__(self, in_features, hidden_features=None, out_features=None, *,
                  activation="gelu_tanh_approx", bias1=False, bias2=False, multiple_of=1,
                  tp_group=None, sequence_parallel=False, recompute=False, fuse_grad_accum=False,
-                 backend="auto", device=None, dtype=None):
+                 backend="auto", tp_comm_overlap=False, device=None, dtype=None):
         super().__init__()
         act = get_activation(activation)
         require_positive_int("in_features", in_features)
@@ -107,6 +110,7 @@ class ParallelMLP(nn.Module):
         out_features = in_features if out_features is None else out_features
         require_positive_int("out_features", out_features)
         check_backend_name(backend)
+        overlap_mod.check_option(tp_comm_overlap)
 
         self.tp = resolve_group(tp_group)
         require_divisible("hidden_features", hidden_features, self.tp.size)
@@ -116,6 +120,7 @@ class ParallelMLP(nn.Module):
         self.recompute, self.fuse_grad_accum, self.backend = (
             bool(recompute), bool(fuse_grad_accum), backend)
         self.sequence_parallel = bool(sequence_parallel)
+        self.tp_comm_overlap = tp_comm_overlap
         self._check_same_config_across_ranks(bias1, bias2, dtype)
 
         fc1_rows = (2 if act.gated else 1) * hidden_features
@@ -139,7 +144,8 @@ class ParallelMLP(nn.Module):
                       out_features=self.out_features, activation=self.activation.name,
                       bias1=bool(bias1), bias2=bool(bias2),
                       sequence_parallel=self.sequence_parallel, recompute=self.recompute,
-                      fuse_grad_accum=self.fuse_grad_accum, dtype=str(dtype))
+                      fuse_grad_accum=self.fuse_grad_accum, tp_comm_overlap=self.tp_comm_overlap,
+                      dtype=str(dtype))
         configs = all_gather_objects(config, self.tp)
         for rank, other in enumerate(configs):
             diff = {k: (config[k], other[k]) for k in config if config[k] != other[k]}
@@ -176,7 +182,8 @@ class ParallelMLP(nn.Module):
             x, self.fc1.weight, self.fc2.weight, self.activation,
             b1=self.fc1.bias, b2=self.fc2.bias, tp_group=self.tp,
             sequence_parallel=self.sequence_parallel, recompute=self.recompute,
-            fuse_grad_accum=self.fuse_grad_accum, backend=self.backend)
+            fuse_grad_accum=self.fuse_grad_accum, backend=self.backend,
+            tp_comm_overlap=self.tp_comm_overlap)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Global (unsharded) weights on every rank; collective over the TP group."""
@@ -191,5 +198,6 @@ class ParallelMLP(nn.Module):
         return (f"in_features={self.in_features}, hidden_features={self.hidden_features}, "
                 f"out_features={self.out_features}, activation={self.activation.name!r}, "
                 f"tp_size={self.tp.size}, sequence_parallel={self.sequence_parallel}, "
+                f"tp_comm_overlap={self.tp_comm_overlap!r}, "
                 f"recompute={self.recompute}, "
                 f"fuse_grad_accum={self.fuse_grad_accum}, backend={self.backend!r}")
