@@ -41,12 +41,25 @@ def parallel_mlp_func(x, w1, w2, activation, *, b1=None, b2=None, tp_group=None,
                   bool(sequence_parallel), overlap)
 
 
+def _apply(*args):
+    if torch.compiler.is_compiling():
+        return _run_untraced(*args)
+    return ParallelMLPFunction.apply(*args)
+
+
 # torch.compile of a model around the layer runs the fused function as it is, between compiled
 # graphs: its collectives work in place on process groups and its kernels are our own, so
 # there is nothing for dynamo to trace (it would only try, fail and break the graph there).
-@torch.compiler.disable
-def _apply(*args):
-    return ParallelMLPFunction.apply(*args)
+# Made on first use under compilation: torch.compiler.disable imports dynamo (and sympy), which
+# a process that never compiles should not pay for at import (cold start).
+_untraced_apply = None
+
+
+def _run_untraced(*args):
+    global _untraced_apply
+    if _untraced_apply is None:
+        _untraced_apply = torch.compiler.disable(ParallelMLPFunction.apply)
+    return _untraced_apply(*args)
 
 
 def default_hidden_features(in_features: int, gated: bool) -> int:
