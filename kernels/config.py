@@ -331,7 +331,7 @@ TUNE_CANDIDATES = (
 
 
 # Pingpong candidates, kept apart from TUNE_CANDIDATES until they are timed on a GPU
-# (`python -m parallel_mlp.kernels.bench_gemm --sweep --consumers pingpong`); the tile is one
+# (`python -m parallel_mlp.bench configs --sweep --consumers pingpong`); the tile is one
 # warpgroup's.
 PINGPONG_CANDIDATES = (
     GemmConfig(128, 128, 1, 1, 8, consumers="pingpong"),

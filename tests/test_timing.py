@@ -1,9 +1,9 @@
-"""parallel_mlp.timing on the CPU: a hold calls back to back for its time (or its number of
+"""parallel_mlp.bench.timing on the CPU: a hold calls back to back for its time (or its number of
 calls) and times every call; settled() leaves out the start of a hold."""
 
 import time
 
-from parallel_mlp.timing import HOLD_SETTLE, hold, hold_steps, settled
+from parallel_mlp.bench.timing import HOLD_SETTLE, hold, hold_steps, settled
 
 
 def test_hold_calls_back_to_back_and_times_each_call():

@@ -32,8 +32,8 @@ def test_unknown_step_and_no_step_are_refused():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")
-def test_profile_step_needs_a_gpu():
-    from parallel_mlp import profile_step
+def test_profile_needs_a_gpu():
+    from parallel_mlp.bench import profile_step
 
     with pytest.raises(SystemExit, match="needs a CUDA GPU"):
         profile_step.main(["--steps", "1"])
@@ -77,7 +77,7 @@ def test_profile_step_kernel_table_counts_kernels_and_gaps_not_step_markers():
     schedule's GPU-side step markers (which span the step) left out of busy time and gaps."""
     from types import SimpleNamespace
 
-    from parallel_mlp import profile_step
+    from parallel_mlp.bench import profile_step
 
     cuda = torch.autograd.DeviceType.CUDA
 

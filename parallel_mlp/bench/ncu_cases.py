@@ -2,7 +2,7 @@
 
     ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 5 --launch-count 5 \
         --section SpeedOfLight --section WarpStateStats \
-        python -m parallel_mlp.kernels.profile_cases
+        python -m parallel_mlp.bench ncu-cases
 
 The warm-up pass compiles (or loads) every kernel and launches each once; the second pass is the
 one to profile (`--launch-skip` = the number of cases). Shapes: T=8192, d=4096, h=14336, swiglu.
@@ -10,14 +10,14 @@ one to profile (`--launch-skip` = the number of cases). Shapes: T=8192, d=4096, 
 
 from __future__ import annotations
 
-import sys
+import argparse
 
 import torch
 
 
 def cases():
-    from .config import GemmConfig
-    from . import ops
+    from ..kernels import ops
+    from ..kernels.config import GemmConfig
 
     T, d, h = 8192, 4096, 14336
     F = 2 * h
@@ -38,7 +38,11 @@ def cases():
     ]
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    argparse.ArgumentParser(prog="python -m parallel_mlp.bench ncu-cases",
+                            description=__doc__.split("\n")[0]).parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("ncu-cases needs a CUDA GPU")
     todo = cases()
     for _ in range(2):
         for name, fn in todo:
@@ -47,6 +51,3 @@ def main() -> int:
     print("launched, in order:", "; ".join(name for name, _ in todo))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Where one MLP fwd+bwd step's time goes: every GPU kernel of the step, and the idle gaps.
 
-    python -m parallel_mlp.profile_step [--act swiglu --h 14336 --T 8192 --d 4096 --steps 6]
+    python -m parallel_mlp.bench profile [--act swiglu --h 14336 --T 8192 --d 4096 --steps 6]
 
 For ours (ParallelMLP on the default backend, with and without recompute) and PyTorch eager,
 after warm-up steps, runs `--steps` training steps (the bench's `train_step`) under torch.profiler
@@ -11,7 +11,7 @@ slower than its kernels is host- or sync-bound.
 
 The models are profiled one after another, so their kernel times include the card's clock drift
 (10-20% over seconds on a power-bound H200): compare kernels within one model's rows, and
-models against each other with `parallel_mlp.bench`, which times them interleaved.
+models against each other with `python -m parallel_mlp.bench mlp`, which times them side by side.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def short(name: str, width: int = 70) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m parallel_mlp.profile_step", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m parallel_mlp.bench profile", description=__doc__.split("\n")[0])
     p.add_argument("--act", default="swiglu")
     p.add_argument("--h", type=int, default=14336)
     p.add_argument("--T", type=int, default=8192)
@@ -125,10 +125,10 @@ def main(argv=None) -> int:
     p.add_argument("--trace-dir", default=None, help="also write each model's chrome trace here")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
-        raise SystemExit("profile_step needs a CUDA GPU")
+        raise SystemExit("profile needs a CUDA GPU")
 
-    from .activations import get_activation
-    from .bench import EagerMLP, build_parallel_mlp, chunked_w1, train_step
+    from ..activations import get_activation
+    from .models import EagerMLP, build_parallel_mlp, chunked_w1, train_step
 
     gated = get_activation(args.act).gated
     f = 2 * args.h if gated else args.h
@@ -162,6 +162,3 @@ def main(argv=None) -> int:
             print(f"  {ms:9.3f} {gap:11.3f}  {short(kname)}")
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

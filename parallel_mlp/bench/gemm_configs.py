@@ -1,9 +1,11 @@
-"""Time the cute ops against torch (cuBLAS) on the MLP's six GEMM shapes.
+"""Kernel configs against cuBLAS: the cute ops at the configs they pick, or at others, on the
+MLP's six GEMM shapes (a tool for choosing GemmConfig defaults; the ``gemm`` command measures
+the defaults the layer runs).
 
-    python -m parallel_mlp.kernels.bench_gemm [--T 8192 --d 4096 --h 14336 --act swiglu]
-                                              [--sweep] [--scheduler static|dynamic]
-                                              [--consumers cooperative|pingpong]
-                                              [--also l2_prefetch=1 [--also dact_prefetch=2]]
+    python -m parallel_mlp.bench configs [--T 8192 --d 4096 --h 14336 --act swiglu]
+                                         [--sweep] [--scheduler static|dynamic]
+                                         [--consumers cooperative|pingpong]
+                                         [--also stream_k=1 [--also tile_n=128]]
 
 Prints one line per GEMM: ms and TFLOP/s for torch and for ours, and the ratio (for the fused
 rows, torch runs the plain GEMM of the same shape: the ratio is the fused op's cost); each `--also`
@@ -22,13 +24,12 @@ import functools
 
 import torch
 
-from parallel_mlp.timing import DEFAULT_HOLD_S
-
-from .tuning import host_us_per_call, median_ms_held, median_ms_interleaved
+from .timing import DEFAULT_HOLD_S, host_us_per_call, median_ms_held, median_ms_interleaved
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser()
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m parallel_mlp.bench configs",
+                                description=__doc__.split("\n")[0])
     p.add_argument("--T", type=int, default=8192)
     p.add_argument("--d", type=int, default=4096)
     p.add_argument("--h", type=int, default=14336)
@@ -64,9 +65,11 @@ def main(argv=None):
     args = p.parse_args(argv)
     variants = [_parse_fields(a) for a in args.also]
 
-    from parallel_mlp.activations import ACTIVATIONS
+    if not torch.cuda.is_available():
+        raise SystemExit("configs needs a CUDA GPU")
 
-    from . import ops
+    from ..activations import ACTIVATIONS
+    from ..kernels import ops
 
     A = ACTIVATIONS[args.act]
     T, d, h = args.T, args.d, args.h
@@ -108,7 +111,7 @@ def main(argv=None):
           f"ops.gemm_act {host_us_per_call(lambda: ops.gemm_act(tiny, tiny, A.name)):.0f} us")
     extra = "".join(f" | {_label(v):>22s}" for v in variants)
     print(f"{'gemm':24s} {'M':>6s} {'N':>6s} {'K':>6s} | {'torch ms':>8s} {'TF/s':>6s} | {'ours ms':>8s} {'TF/s':>6s} | ratio{extra}")
-    from .config import PINGPONG_CANDIDATES, TUNE_CANDIDATES, default_config
+    from ..kernels.config import PINGPONG_CANDIDATES, TUNE_CANDIDATES, default_config
 
     pingpong = args.consumers == "pingpong"
 
@@ -160,11 +163,12 @@ def main(argv=None):
             f"{t_ours:8.3f} {flops / t_ours / 1e9:6.0f} | {t_ref / t_ours:5.3f}{cols}",
             flush=True,
         )
+    return 0
 
 
 def _parse_fields(text: str) -> dict:
     """'l2_prefetch=1,dact_prefetch=2' -> GemmConfig field overrides, typed like the fields."""
-    from .config import GemmConfig
+    from ..kernels.config import GemmConfig
 
     types = {f.name: f.type for f in dataclasses.fields(GemmConfig)}
     out = {}
@@ -184,7 +188,7 @@ def _label(fields: dict) -> str:
 
 def _with_overrides(fn, fields):
     """Run an op lambda with the config ops picks, these GemmConfig fields replaced."""
-    from . import ops
+    from ..kernels import ops
 
     old = ops._pick_config
     ops._pick_config = lambda *a, **k: dataclasses.replace(old(*a, **k), **fields)
@@ -197,7 +201,7 @@ def _with_overrides(fn, fields):
 def _with_scheduler(fn, scheduler):
     """Run an op lambda with its usual config, but with `scheduler` (clusters made 1x1 for the
     dynamic one, which supports no others)."""
-    from . import ops
+    from ..kernels import ops
 
     old = ops._pick_config
 
@@ -216,7 +220,7 @@ def _with_scheduler(fn, scheduler):
 
 def _with_config(fn, cfg):
     """Run a zero-argument op lambda with ops' config forced to `cfg`."""
-    from . import ops
+    from ..kernels import ops
 
     old = ops._pick_config
     ops._pick_config = lambda *a, **k: cfg
@@ -225,6 +229,3 @@ def _with_config(fn, cfg):
     finally:
         ops._pick_config = old
 
-
-if __name__ == "__main__":
-    main()

@@ -1,5 +1,6 @@
-"""What ``parallel_mlp.bench`` writes: the JSON, the issue's targets with PASS/MISS, the printed
-tables and the chart. Pure functions of the results dict, so they work on partial results too."""
+"""What the single-GPU benchmark (suite.py) writes: the JSON, the performance targets with
+PASS/MISS, the printed tables and the chart. Pure functions of the results dict, so they work on
+partial results too."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import math
 import os
 from pathlib import Path
 
-# Issue 3's targets, as ratios from the same run.
+# The performance targets, as ratios from the same run.
 GEMM_MIN_RATIO = 0.95        # each plain GEMM >= 0.95x cuBLAS throughput at its shape
 FUSED_MAX_TIME = 1.05        # gemm_act / gemm_dact within 5% of a plain cuBLAS GEMM
 MLP_MIN_TFLOPS = 700.0       # whole MLP fwd+bwd at swiglu h=14336 (T=8192, d=4096)
@@ -128,7 +129,7 @@ class Notes:
         return out
 
 
-def _table(header: list[str], rows: list[list[str]], left: int = 2) -> list[str]:
+def table(header: list[str], rows: list[list[str]], left: int = 2) -> list[str]:
     """Fixed-width columns: the first ``left`` columns and the last (a status) left-aligned, the
     numbers between them right-aligned."""
     widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
@@ -185,7 +186,7 @@ def _gemm_lines(results: dict, notes: Notes) -> list[str]:
         return []
     header = ["config", "GEMM", "MxNxK", "cuBLAS TF/s", "ours TF/s", "ours/cuBLAS", "rel err",
               ">=0.95"]
-    return ["", "GEMMs (throughput; target ours >= 0.95x cuBLAS)"] + _table(header, rows, 3)
+    return ["", "GEMMs (throughput; target ours >= 0.95x cuBLAS)"] + table(header, rows, 3)
 
 
 def _fused_lines(results: dict, notes: Notes) -> list[str]:
@@ -202,7 +203,7 @@ def _fused_lines(results: dict, notes: Notes) -> list[str]:
     header = ["config", "op", "cuBLAS ms", "eager ms", "ours ms", "ours/cuBLAS t",
               "x eager", "rel err", "<=1.05"]
     return ["", "Fused GEMM+activation (time; target ours <= 1.05x the plain cuBLAS GEMM)"] + \
-        _table(header, rows)
+        table(header, rows)
 
 
 MLP_VARIANT_NAMES = {"ours": "ours", "ours_recompute": "ours recompute",
@@ -235,7 +236,7 @@ def _mlp_lines(results: dict, notes: Notes) -> list[str]:
         return []
     header = ["config", "variant", "ms", "TF/s", "x eager", "peak GB", "1st s", "err y/dx",
               "targets"]
-    lines = _table(header, rows)
+    lines = table(header, rows)
     title = ("MLP fwd+bwd at TP=1 (FLOPs 3x(2TdF+2Thd); targets: ours >= 700 TF/s at "
              "swiglu:14336, >= 1.2x eager; recompute <= 1.23x)")
     return ["", title] + lines
@@ -272,7 +273,7 @@ def _summary_lines(results: dict) -> list[str]:
     """One line per target kind: how many rows pass, and the worst measured value."""
     targets = results.get("targets", [])
     kinds = list(dict.fromkeys(t["target"] for t in targets))
-    lines = ["", "Targets (issue 3)"]
+    lines = ["", "Targets"]
     for kind in kinds:
         group = [t for t in targets if t["target"] == kind]
         measured = [t for t in group if t["measured"] is not None]

@@ -1,6 +1,6 @@
-"""TP mode of the benchmark: the whole MLP fwd+bwd at TP = world size, ours vs Megatron-style eager.
+"""The TP benchmark: the whole MLP fwd+bwd at TP = world size, ours vs Megatron-style eager.
 
-    torchrun --nproc-per-node 2 -m parallel_mlp.bench --tp [--configs swiglu:14336] [--json tp.json]
+    torchrun --nproc-per-node 2 -m parallel_mlp.bench tp [--configs swiglu:14336] [--json tp.json]
 
 Each rank holds its shards of the same global weights; ``--configs`` hidden sizes are global. The
 reference is what Megatron's ColumnParallelLinear -> activation -> RowParallelLinear does, written
@@ -8,7 +8,7 @@ in torch: shard GEMMs through cuBLAS, an all-reduce of fc2's output in forward a
 in backward. Both run side by side, held (1 s turns, 3 each, as the single-GPU bench; a turn is a
 fixed step count agreed by the ranks so their collectives pair up) or call by call with --hold-s 0.
 Times are each rank's median, maxed over ranks; TFLOP/s are per rank (FLOPs / p).
-NCCL on CUDA, gloo on the CPU (so ``--tp --dry-run`` runs anywhere).
+NCCL on CUDA, gloo on the CPU (so ``tp --dry-run`` runs anywhere).
 """
 
 from __future__ import annotations
@@ -23,26 +23,26 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import bench_report
-from .activations import get_activation
-from .bench import (
+from ..activations import get_activation
+from . import report, suite
+from .harness import (
     attempt,
+    free_memory,
+    log,
+    per_name,
+    probe_ours,
+    ratio,
+    time_side_by_side,
+)
+from .models import (
     build_parallel_mlp,
     chunked_w1,
     config_label,
     eager_activation,
     fc1_features,
-    free_memory,
-    log,
-    make_ctx,
     mlp_flops,
     model_bytes,
-    per_name,
     prepare_mlp_variant,
-    probe_ours,
-    ratio,
-    run_metadata,
-    time_side_by_side,
     train_step,
 )
 from .timing import hold_steps, settled
@@ -125,7 +125,7 @@ PROBE_STEPS = 5
 
 
 def time_tp_held(ctx, fns: dict, n_sets: int) -> dict:
-    """Held timing (bench.time_held) that keeps the ranks in step: a turn is a fixed number of
+    """Held timing (harness.time_held) that keeps the ranks in step: a turn is a fixed number of
     steps, the same on every rank (enough for ctx.hold_s at the slowest rank's probed step time),
     so the collectives inside them pair up. A turn's time is the median of its settled steps,
     maxed over ranks; a variant's ``ms`` is the median of its turns."""
@@ -214,20 +214,20 @@ def bench_tp_config(ctx, act: str, h: int, world: int, rank: int) -> dict:
 
 
 def format_tp(results: dict) -> str:
-    notes = bench_report.Notes()
+    notes = report.Notes()
     meta = results["meta"]
     rows = []
     for r in results["tp"]:
         for name, m in r.get("variants", {}).items():
             err = "-"
             if isinstance(m, dict) and "rel_err_y" in m:
-                err = f"{bench_report.num(m['rel_err_y'], 2)}/{bench_report.num(m['rel_err_dx'], 2)}"
-            speedup = bench_report.num(r.get("speedup_vs_eager")) if name == "ours" else ""
+                err = f"{report.num(m['rel_err_y'], 2)}/{report.num(m['rel_err_dx'], 2)}"
+            speedup = report.num(r.get("speedup_vs_eager")) if name == "ours" else ""
             rows.append([r["config"], name, notes.cell(m), notes.cell(m, "tflops_per_rank"),
                          notes.cell(m, "peak_mem_gb"), err, speedup])
     header = ["config (global h)", "variant", "ms (max rank)", "TF/s per rank", "peak GB",
               "err y/dx", "x eager"]
-    lines = [f"parallel_mlp.bench --tp  TP={meta['world_size']}  {meta['device']}  "
+    lines = [f"parallel_mlp.bench tp  TP={meta['world_size']}  {meta['device']}  "
              f"torch {meta['torch']}  {meta['dtype']}  T={meta['tokens']} d={meta['d_model']}  "
              f"ours={meta['backend']}" + ("  [DRY RUN]" if meta.get("dry_run") else "")]
     hold_s = meta.get("hold_s") or 0
@@ -236,7 +236,7 @@ def format_tp(results: dict) -> str:
                  "timing: call by call, in turn (one shared clock: compares cycles)")
     if meta.get("ours_unavailable"):
         lines.append(f"ours cannot run here: {meta['ours_unavailable'][:300]}")
-    lines += bench_report._table(header, rows)
+    lines += report.table(header, rows)
     if notes.messages:
         lines += ["Errors and skips"] + notes.lines()
     return "\n".join(lines)
@@ -253,17 +253,18 @@ def init_distributed() -> tuple[torch.device, int, int]:
     return device, dist.get_world_size(), dist.get_rank()
 
 
-def main(args) -> int:
+def main(argv=None) -> int:
+    args = suite.apply_defaults(suite.parse_args(argv, "tp"))
     if "RANK" not in os.environ and not dist.is_initialized():
-        log("--tp runs under torchrun: torchrun --nproc-per-node 2 -m parallel_mlp.bench --tp")
+        log("tp runs under torchrun: torchrun --nproc-per-node 2 -m parallel_mlp.bench tp")
         return 2
     start = time.monotonic()
     device, world, rank = init_distributed()
-    ctx = make_ctx(args, device, start)
+    ctx = suite.make_ctx(args, device, start)
     # No time budget here: a rank skipping a row the others run would desynchronize collectives.
     ctx.deadline = float("inf")
     probe_ours(ctx)
-    results = {"meta": run_metadata(args, ctx) | {"world_size": world, "mode": "tp"}, "tp": []}
+    results = {"meta": suite.run_metadata(args, ctx) | {"world_size": world, "mode": "tp"}, "tp": []}
     for act, h in ctx.configs:
         if h % world:
             results["tp"].append({"config": config_label(act, h), "variants": {"setup": {
@@ -272,7 +273,7 @@ def main(args) -> int:
         results["tp"].append(bench_tp_config(ctx, act, h, world, rank))
     results["meta"]["wall_s"] = time.monotonic() - start
     if rank == 0:
-        bench_report.write_json(results, args.json)
+        report.write_json(results, args.json)
         log(f"wrote {args.json}")
         print(format_tp(results))
     dist.barrier()

@@ -1,6 +1,6 @@
 """Where the host time of one op launch goes (a GPU is needed to launch).
 
-    python -m parallel_mlp.kernels.host_overhead [--calls 300]
+    python -m parallel_mlp.bench host [--calls 300]
 
 A 256^3 GEMM runs for a few microseconds, so back-to-back launches measure the host side alone:
 the Python of `ops.gemm`, the packed launch arguments, the config and kernel lookup, and the
@@ -18,19 +18,19 @@ import pstats
 
 import torch
 
-from .tuning import host_us_per_call
+from .timing import host_us_per_call
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m parallel_mlp.kernels.host_overhead", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m parallel_mlp.bench host", description=__doc__.split("\n")[0])
     p.add_argument("--calls", type=int, default=300)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
-        raise SystemExit("host_overhead needs a CUDA GPU")
+        raise SystemExit("host needs a CUDA GPU")
 
-    from . import aot_runtime, ops
-    from .compile import KernelKey, _export_name, compile_kernel, get_kernel, object_path
-    from .epilogue_spec import EpilogueSpec
+    from ..kernels import aot_runtime, ops
+    from ..kernels.compile import KernelKey, _export_name, compile_kernel, get_kernel, object_path
+    from ..kernels.epilogue_spec import EpilogueSpec
 
     n = args.calls
     a = torch.randn(256, 256, device="cuda").to(torch.bfloat16)
@@ -94,6 +94,3 @@ def main(argv=None) -> int:
     print(out.getvalue())
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())
