@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fake_clock import FakeClock
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -131,12 +132,16 @@ def test_cold_start_alone_with_its_breakdown_and_profile(tmp_path):
     assert "fwd+bwd alone" in proc.stdout and "built on meta" in proc.stdout
 
 
-def cpu_ctx(iters: int, warmup: int):
+def cpu_ctx(iters: int, warmup: int, clock=None):
+    """A CPU context whose timing reads ``clock`` (a FakeClock: no test here measures real time)."""
     from parallel_mlp.bench import harness
 
-    return harness.Ctx(device=torch.device("cpu"), dtype=torch.float32, tokens=1, d_model=1,
-                     configs=[], iters=iters, warmup=warmup, backend="torch",
-                     deadline=float("inf"))
+    ctx = harness.Ctx(device=torch.device("cpu"), dtype=torch.float32, tokens=1, d_model=1,
+                      configs=[], iters=iters, warmup=warmup, backend="torch",
+                      deadline=float("inf"))
+    if clock is not None:
+        ctx.clock = clock
+    return ctx
 
 
 def test_time_side_by_side_round_robin():
@@ -144,30 +149,39 @@ def test_time_side_by_side_round_robin():
     per fn the same result as time_calls."""
     from parallel_mlp.bench import harness
 
-    ctx = cpu_ctx(iters=5, warmup=2)
+    clock = FakeClock()
+    ctx = cpu_ctx(iters=5, warmup=2, clock=clock)
     calls = []
-    fns = {name: (lambda i, name=name: calls.append((name, i))) for name in ("a", "b", "c")}
-    out = harness.time_side_by_side(ctx, fns, n_sets=3)
+
+    def fn(name):
+        def call(i):
+            calls.append((name, i))
+            clock.advance({"a": 2 ** -10, "b": 2 ** -9, "c": 0.0}[name])
+        return call
+
+    out = harness.time_side_by_side(ctx, {name: fn(name) for name in ("a", "b", "c")}, n_sets=3)
 
     rounds = [i % 3 for i in range(2)] + [i % 3 for i in range(5)]  # warm-up, then timed
     assert calls == [(name, i) for i in rounds for name in ("a", "b", "c")]
     assert list(out) == ["a", "b", "c"]
     alone = harness.time_calls(ctx, lambda i: None, n_sets=3)
-    for res in out.values():
-        assert res.keys() == alone.keys()
-        assert res["iters"] == 5 and res["input_sets"] == 3
-        assert 0 <= res["min_ms"] <= res["ms"] <= res["max_ms"]
+    assert out["a"].keys() == alone.keys()
+    for name, ms in (("a", 1000 * 2 ** -10), ("b", 1000 * 2 ** -9), ("c", 0.0)):
+        assert out[name] == {"ms": ms, "min_ms": ms, "max_ms": ms, "iters": 5, "input_sets": 3}
 
 
 def test_time_side_by_side_times_each_fn_apart():
-    """A slow fn beside a fast one: each keeps its own time."""
-    import time
-
+    """A slow fn beside a fast one: each keeps its own time (the median of its calls)."""
     from parallel_mlp.bench import harness
 
-    ctx = cpu_ctx(iters=3, warmup=0)
-    out = harness.time_side_by_side(ctx, {"slow": lambda i: time.sleep(0.02), "fast": lambda i: None})
-    assert out["slow"]["min_ms"] >= 15 and out["fast"]["ms"] < 10
+    clock = FakeClock()
+    ctx = cpu_ctx(iters=3, warmup=0, clock=clock)
+    steps = iter([2 ** -6, 2 ** -5, 2 ** -6])  # the slow fn's three calls: 15.6, 31.3, 15.6 ms
+
+    out = harness.time_side_by_side(
+        ctx, {"slow": lambda i: clock.advance(next(steps)), "fast": lambda i: None})
+    assert out["slow"]["ms"] == 1000 * 2 ** -6 and out["slow"]["max_ms"] == 1000 * 2 ** -5
+    assert out["fast"]["ms"] == 0.0
 
 
 def test_interleaved_failure_reaches_every_row():
@@ -187,30 +201,26 @@ def test_interleaved_failure_reaches_every_row():
 def test_time_held_runs_each_fn_in_holds():
     """Held timing: each fn runs back to back for hold_s per turn, fns in turn, ctx.rounds turns;
     each keeps its own time, and the calls counted leave out the start of every hold."""
-    import time
-
     from parallel_mlp.bench import harness
 
-    ctx = cpu_ctx(iters=3, warmup=1)
-    ctx.hold_s, ctx.rounds = 0.1, 2
+    clock = FakeClock()
+    ctx = cpu_ctx(iters=3, warmup=1, clock=clock)
+    ctx.hold_s, ctx.rounds = 2 ** -3, 2  # 125 ms turns
     order = []
-
-    def slow(i):
-        order.append("slow")
-        time.sleep(0.01)
-
-    def fast(i):
-        order.append("fast")
+    slow = clock.call_taking(2 ** -6, order, "slow")  # 15.625 ms: 8 calls a turn
+    fast = clock.call_taking(2 ** -10, order, "fast")  # 0.9765625 ms: 128 calls a turn
 
     out = harness.time_side_by_side(ctx, {"slow": slow, "fast": fast})
     # warm-up: one call of each; then two turns each, every turn a run of one fn's calls
     turns = [order[0]] + [b for a, b in zip(order, order[1:]) if a != b]
     assert turns == ["slow", "fast"] * 3
-    assert out["slow"]["min_ms"] >= 9 and out["fast"]["ms"] < 1
-    assert out["slow"]["hold_s"] == 0.1 and out["slow"]["rounds"] == 2
-    slow_calls = order.count("slow") - 1
-    assert 0 < out["slow"]["iters"] < slow_calls  # the settling part of each hold is left out
-    assert out["slow"]["min_ms"] <= out["slow"]["ms"] <= out["slow"]["max_ms"]
+    assert order.count("slow") == 1 + 2 * 8 and order.count("fast") == 1 + 2 * 128
+    for name, ms, calls in (("slow", 1000 * 2 ** -6, 8), ("fast", 1000 * 2 ** -10, 128)):
+        res = out[name]
+        assert res["ms"] == res["min_ms"] == res["max_ms"] == ms
+        assert res["hold_s"] == 2 ** -3 and res["rounds"] == 2
+        # the first quarter of every turn (the clock settling) is left out of the count
+        assert res["iters"] == 2 * (calls - calls // 4)
 
 
 @pytest.mark.parametrize("argv,message", [(["--hold-s", "-1"], "--hold-s -1: must be >= 0"),
