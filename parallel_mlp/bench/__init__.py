@@ -11,6 +11,11 @@ with no command, the full single-GPU run). Modules:
     mlp.py            the whole MLP against eager and torch.compile
     cold.py           a new process's time to its first fwd+bwd
     report.py         the single-GPU run's JSON, targets, tables and chart
+    sweep.py          ~30 pretraining shapes: ours against eager, torch.compile and quack
+    sweep_grid.py     the sweep's shapes: tokens per rank, width, TP shard, activation
+    sweep_report.py   the sweep's table, summary and heat maps
+    quack_baseline.py quack's MLP holding our weights (and the patch quack needs)
+    progress.py       a one-line progress bar on stderr
     tp.py             the MLP at TP = world size against a Megatron-style eager MLP
     profile_step.py   one step's kernels and idle gaps under torch.profiler
     gemm_configs.py   kernel configs against cuBLAS, for choosing GemmConfig defaults

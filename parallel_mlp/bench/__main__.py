@@ -14,6 +14,7 @@ COMMANDS = {
     "gemm": ("suite", {"command": "gemm"},
              "the MLP's GEMMs and fused GEMM+activation ops against cuBLAS"),
     "cold": ("suite", {"command": "cold"}, "a new process's time to its first fwd+bwd"),
+    "sweep": ("sweep", {}, "30 pretraining shapes: ours against eager, torch.compile and quack (~8 min)"),
     "tp": ("tp", {}, "under torchrun: the MLP at TP = world size against Megatron-style eager"),
     "profile": ("profile_step", {}, "one step's kernels and idle gaps (torch.profiler)"),
     "configs": ("gemm_configs", {}, "kernel configs (GemmConfig fields) against cuBLAS"),

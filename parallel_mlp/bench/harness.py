@@ -259,6 +259,13 @@ def free_memory(ctx: Ctx) -> None:
         torch.cuda.empty_cache()
 
 
+def l2_bytes(device: torch.device) -> int:
+    """The device's L2 size, which decides how many input sets a row rotates (input_sets)."""
+    if device.type == "cuda":
+        return getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 * 2 ** 20)
+    return 32 * 2 ** 20  # a nominal cache, so a CPU dry run exercises input rotation
+
+
 def probe_ours(ctx: Ctx) -> None:
     """Decide once whether ``ctx.backend`` can run here, so each row can say why not without
     paying for the failure again."""

@@ -60,11 +60,11 @@ def mlp_builders(ctx: Ctx, act: str, h: int, w1: torch.Tensor, w2: torch.Tensor)
     }
 
 
-def bench_mlp(ctx: Ctx, act: str, h: int, names) -> dict:
+def bench_mlp(ctx: Ctx, act: str, h: int, names, extra: dict | None = None) -> dict:
     """The named variants of one config. Each in turn is built, called once (first-call time, and
     a check against the first variant's outputs, the reference) and measured for peak memory; then
     their timed steps run side by side (time_side_by_side: held, each at its own clock, by
-    default)."""
+    default). ``extra``: more variants, name -> build(w1, w2), given the same weights."""
     T, d = ctx.tokens, ctx.d_model
     f = fc1_features(act, h)
     flops = mlp_flops(T, d, act, h)
@@ -74,6 +74,7 @@ def bench_mlp(ctx: Ctx, act: str, h: int, names) -> dict:
     xs = [ctx.rand(T, d).requires_grad_(True) for _ in range(n_sets)]
     dys = [ctx.rand(T, d) for _ in range(n_sets)]
     builders = mlp_builders(ctx, act, h, w1, w2)
+    builders |= {name: (lambda build=build: build(w1, w2)) for name, build in (extra or {}).items()}
     label = config_label(act, h)
 
     row = {"config": label, "activation": act, "hidden": h, "flops": flops, "variants": {}}

@@ -39,6 +39,7 @@ from .harness import (
     Ctx,
     attempt,
     environment,
+    l2_bytes,
     log,
     probe_ours,
     start_watchdog,
@@ -152,11 +153,7 @@ def make_ctx(args: argparse.Namespace, device: torch.device, start: float) -> Ct
     # The cold start uses the headline case (swiglu h=14336) or, on other shapes, the first config.
     swiglu = [c for c in ctx.configs if c[0] == "swiglu"]
     ctx.cold_start_config = swiglu[0] if swiglu else ctx.configs[0]
-    if ctx.cuda:
-        props = torch.cuda.get_device_properties(device)
-        ctx.l2_bytes = getattr(props, "L2_cache_size", 50 * 2 ** 20)
-    else:
-        ctx.l2_bytes = 32 * 2 ** 20  # a nominal cache, so the dry run exercises input rotation
+    ctx.l2_bytes = l2_bytes(device)
     return ctx
 
 
