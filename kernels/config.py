@@ -26,8 +26,9 @@ TILE_K = 64
 
 # N extents of a CTA tile. 160 is for N that 192 leaves a partial last wave on (N = 7168: 37.3
 # tiles of 192 per row, 44.8 of 160); its N-major B operand takes a 64B swizzle instead of 128B.
-# Held on an H200 (NOTES.md, session 8): the plain dy@W2 at N = 7168 1.4% faster than at 192, its
-# dact 1.2% slower, so no default picks it. 176 (32B swizzle) ran 16-22% slower and was dropped.
+# Held on an H200 (NOTES.md, "A 128x160 tile"): the plain dy@W2 at N = 7168 1.4% faster than at
+# 192, its dact 1.2% slower, so no default picks it. 176 (32B swizzle) ran 16-22% slower and was
+# dropped.
 TILE_N_CHOICES = (64, 128, 160, 192, 256)
 
 # Pingpong: most fp32 accumulators one consumer thread may hold (one warpgroup owns a whole tile).
@@ -37,16 +38,16 @@ PINGPONG_MAX_ACC_REGS = 192
 
 
 # The 128x192 pingpong tile is the default only where its padded N is at most this factor of a
-# 128-wide tile's. N = 4096 pads 3.1%: held, 1.5% faster than 128x128 in session 5 and even in
-# session 6 (at long K it is cooperative 128x256 now, below).
+# 128-wide tile's. N = 4096 pads 3.1%: held, 1.5% faster than 128x128 in one run and even in a
+# later one (at long K it is cooperative 128x256 now, below).
 WIDE_TILE_MAX_PAD = 1.04
 
 # From this K up, big GEMMs other than the dact take cooperative 128x256 tiles (2x1 cluster): the
 # least operand traffic per MAC we have (0.0078 elements from L2, n256 WGMMAs reading the least
 # shared memory), while the epilogue it cannot overlap is a small share of a tile's time once K
-# is long. Held on an H200 (NOTES.md, session 6), against pingpong 128x192: fc2 and dx (K 7168 to
-# 28672) 3-5% faster, dW1 (K 8192) 1.5-3%; at K = 4096 the plain dy@W2 was even and the dact
-# 2-7% slower.
+# is long. Held on an H200 (NOTES.md, "Cooperative 128x256 where K is long"), against pingpong
+# 128x192: fc2 and dx (K 7168 to 28672) 3-5% faster, dW1 (K 8192) 1.5-3%; at K = 4096 the plain
+# dy@W2 was even and the dact 2-7% slower.
 COOPERATIVE_MIN_K = 6144
 
 
@@ -112,9 +113,9 @@ class GemmConfig:
     # The L2 eviction policy of the TMA copies, by CACHE_HINTS: "normal" (EVICT_NORMAL on every
     # copy, as CUTLASS C++ passes by default), "none" (the DSL's undocumented operand of 0),
     # "stream" (epilogue traffic evict-first) or "keep" (A/B tiles evict-last as well). Held 2 s
-    # on an H200 (clock_probe, NOTES.md session 7), "normal" and "none" ran dy@W2 and its dact
-    # at the same time; "stream" slowed the dact 1.2%. "normal" is the default because it is
-    # the documented policy, not for speed.
+    # on an H200 (clock_probe, NOTES.md "L2 cache policies"), "normal" and "none" ran dy@W2 and
+    # its dact at the same time; "stream" slowed the dact 1.2%. "normal" is the default because
+    # it is the documented policy, not for speed.
     cache_hints: str = "normal"
     # Stream-K for the last partial wave (cooperative, static, store and accumulate epilogues):
     # whole tiles for the full waves, then the remaining tiles' K blocks shared evenly by every
@@ -132,7 +133,7 @@ class GemmConfig:
         if self.cluster_m * self.cluster_n > 2:
             # The persistent grid is num_sms / cluster size clusters, and an H200 holds only 30
             # four-CTA clusters at once (cudaOccupancyMaxActiveClusters; 120 of its 132 SMs):
-            # the 33rd ran as a second wave, 2x slower (bench_gemm, session 4), and even a 30-
+            # the 33rd ran as a second wave, 2x slower (NOTES.md, "Clusters of 4"), and even a 30-
             # cluster grid would leave 12 SMs idle.
             raise ValueError(
                 f"cluster=({self.cluster_m},{self.cluster_n}): at most 2 CTAs per cluster (2x1 or "
@@ -225,15 +226,15 @@ def big_pingpong_config(m: int, n: int, num_sms: int = DEFAULT_NUM_SMS, kind: st
 
     Its warpgroup tile is 128x192 (192 accumulators per thread): with the 2x1 cluster, 0.0091
     operand elements read from L2 per MAC against 128x128's 0.0117. At the power cap the time of
-    a GEMM follows its energy, not its cycles: held on an H200 (bench_gemm), 25 of 27 MLP GEMMs
-    ran 1-7% faster than at 128x128 (NOTES.md, session 5). Where 192 would pad N much more than
-    128 does (N = 256: 50%), 128 it stays.
+    a GEMM follows its energy, not its cycles: held on an H200, 25 of 27 MLP GEMMs ran 1-7%
+    faster than at 128x128 (NOTES.md, "Energy per GEMM decides the time"). Where 192 would pad N
+    much more than 128 does (N = 256: 50%), 128 it stays.
 
     The dact's two preact slots per warpgroup, both filled at the tile's start, hide its preact
     load behind the other warpgroup's mainloop; 16-column subtiles keep 5 stages beside them.
     On an H200 (swiglu dy@W2), call by call: 2.4% faster at h=7168, 2.3% at h=14336; either
     change alone is neutral or slower. Held, at 128x192 and h=7168: 1.13x the time of cuBLAS's
-    plain GEMM against 1.17x with one slot (NOTES.md, session 5).
+    plain GEMM against 1.17x with one slot (NOTES.md, "time held, not call by call": "The dact").
     """
     dact = dict(dact_prefetch=2, epi_n=16) if kind == "dact" else {}
     tn = 192 if -(-n // 192) * 192 <= WIDE_TILE_MAX_PAD * -(-n // 128) * 128 else 128
@@ -243,9 +244,9 @@ def big_pingpong_config(m: int, n: int, num_sms: int = DEFAULT_NUM_SMS, kind: st
 
 # Stream-K (GemmConfig.stream_k) is picked where whole tiles would waste at least this share of
 # the time in the last wave: (1 - R/G) / (W + 1) for W full waves and R of G clusters busy in the
-# last. Held on an H200 (NOTES.md, session 8), stream-K realized about half of that share, less
-# ~1.5%: fc2 / dx at T=2304 (27% predicted) ran 14-16% faster, at T=4352 (18%) 10%; at T=8192
-# (3%) even or within 2% either way.
+# last. Held on an H200 (NOTES.md, "Stream-K for a light last wave"), stream-K realized about
+# half of that share, less ~1.5%: fc2 / dx at T=2304 (27% predicted) ran 14-16% faster, at
+# T=4352 (18%) 10%; at T=8192 (3%) even or within 2% either way.
 STREAM_K_MIN_WASTE = 0.05
 # ... and only where K is long enough that a contributor's fp32 partial tile (written once, read
 # once: 128 KB at 128x256) stays small beside its mainloop's operand traffic (~1.5 MB per 64 K
@@ -289,9 +290,9 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
 
     Other big GEMMs (fc1, dy@W2 and its dact at d=4096): ``big_pingpong_config``. Pingpong
     timed call by call against the cooperative 128x256 default on an H200 (kernels/NOTES.md,
-    session 3): fc1 + swiglu 7% faster, plain and accumulate GEMMs 2-5%, dx even. The dact
-    joined once its epilogue smem shrank enough for 5 A/B stages (a 128x128 pingpong tile at 3
-    stages runs 32% slower than at 5).
+    "Pingpong by default"): fc1 + swiglu 7% faster, plain and accumulate GEMMs 2-5%, dx even. The
+    dact joined once its epilogue smem shrank enough for 5 A/B stages (a 128x128 pingpong tile at
+    3 stages runs 32% slower than at 5).
 
     The accumulate (fp32 main-grad) epilogue gets the L2 prefetch of its D tile: 0.5-1.4%
     faster on the MLP's wgrad shapes (interleaved). The dact does not: its preact prefetch
