@@ -149,7 +149,7 @@ def fake_results(quack_reason=None):
 
 def test_table_has_every_variant_and_the_summary():
     text = sweep_report.format_sweep(fake_results())
-    assert "held, each variant back to back for 0.8 s a turn, 2 turns" in text
+    assert "held, each compared variant back to back for 0.8 s per turn, 2 turns" in text
     assert "quack 0.6.5: quack.mlp.MLP, tuned=False" in text
     for name in ("ours recompute", "torch.compile", "quack"):
         assert name in text

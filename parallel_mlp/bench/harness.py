@@ -259,6 +259,27 @@ def free_memory(ctx: Ctx) -> None:
         torch.cuda.empty_cache()
 
 
+def check_timing_flags(parser, args) -> None:
+    """Refuse what held timing cannot do (argparse's error: usage and exit 2)."""
+    if args.hold_s is not None and args.hold_s < 0:
+        parser.error(f"--hold-s {args.hold_s:g}: must be >= 0 (0 times call by call)")
+    if args.rounds < 1:
+        parser.error(f"--rounds {args.rounds}: must be >= 1")
+
+
+def without_cuda(args, planning: bool = False) -> None:
+    """Without CUDA a run is the CPU dry run (tiny shapes), ours on the torch backend: it tests
+    the script. ``planning``: nothing will run, so no dry run is forced."""
+    if torch.cuda.is_available():
+        return
+    if not args.dry_run and not planning:
+        log("no CUDA device: running the CPU dry run (tiny shapes, torch backend)")
+        args.dry_run = True
+    if args.backend == "cute":
+        args.backend = "torch"  # the CuTe kernels need sm_90; the CPU run tests the script
+        args.backend_note = "cute needs CUDA: ours runs on the torch backend in this dry run"
+
+
 def l2_bytes(device: torch.device) -> int:
     """The device's L2 size, which decides how many input sets a row rotates (input_sets)."""
     if device.type == "cuda":

@@ -9,6 +9,8 @@ import math
 import os
 from pathlib import Path
 
+from .harness import log
+
 # The performance targets, as ratios from the same run.
 GEMM_MIN_RATIO = 0.95        # each plain GEMM >= 0.95x cuBLAS throughput at its shape
 FUSED_MAX_TIME = 1.05        # gemm_act / gemm_dact within 5% of a plain cuBLAS GEMM
@@ -149,10 +151,9 @@ def _status(targets: list[dict], kind: str, item: str) -> str:
     return ""
 
 
-def _header(results: dict, notes: Notes) -> list[str]:
-    meta = results.get("meta", {})
-    lines = [f"parallel_mlp.bench  {meta.get('device')}  torch {meta.get('torch')}  "
-             f"{meta.get('dtype')}  T={meta.get('tokens')} d={meta.get('d_model')}  "
+def run_lines(meta: dict, title: str) -> list[str]:
+    """A printed report's first lines: what ran, where, and whether ours could run there."""
+    lines = [f"{title}  {meta.get('device')}  torch {meta.get('torch')}  {meta.get('dtype')}  "
              f"ours={meta.get('backend')}  git {meta.get('git')}"
              + ("  [DRY RUN: tiny shapes, few iterations; tests the script, not the kernels]"
                 if meta.get("dry_run") else "")]
@@ -161,16 +162,26 @@ def _header(results: dict, notes: Notes) -> list[str]:
                      f"{meta['ours_unavailable'][:300]}")
     if meta.get("backend_note"):
         lines.append(f"note: {meta['backend_note']}")
+    return lines
+
+
+def timing_line(meta: dict) -> str:
+    if meta.get("hold_s"):
+        return (f"timing: held, each compared variant back to back for {meta['hold_s']:g} s per "
+                f"turn, {meta.get('rounds')} turns each (its own clock, as in training)")
+    return "timing: call by call, round-robin (one shared clock: compares cycles)"
+
+
+def _header(results: dict, notes: Notes) -> list[str]:
+    meta = results.get("meta", {})
+    lines = run_lines(meta, f"parallel_mlp.bench  T={meta.get('tokens')} d={meta.get('d_model')}")
     ceiling = results.get("ceiling", {})
     start, end = ceiling.get("start"), ceiling.get("end")
     size = start.get("size") if isinstance(start, dict) else None
     lines.append(f"ceiling: cuBLAS {size}^3 GEMM {notes.cell(start, 'tflops')} TFLOP/s at start, "
                  f"{notes.cell(end, 'tflops')} at end ({notes.cell(start)} ms)")
-    if meta.get("hold_s"):
-        lines.append(f"timing: held, each compared variant back to back for {meta['hold_s']:g} s per "
-                     f"turn, {meta.get('rounds')} turns each (its own clock, as in training)")
-    elif "hold_s" in meta:
-        lines.append("timing: call by call, round-robin (one shared clock: compares cycles)")
+    if "hold_s" in meta:
+        lines.append(timing_line(meta))
     return lines
 
 
@@ -330,12 +341,28 @@ def write_png(results: dict, path: str) -> str:
         fig.suptitle(f"parallel_mlp.bench - {meta.get('device')} - {meta.get('dtype')} "
                      f"T={meta.get('tokens')} d={meta.get('d_model')}")
         fig.tight_layout()
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=90)
-        plt.close(fig)
-        return f"wrote {path}"
+        return save_figure(fig, path)
     except Exception as e:  # noqa: BLE001 - a chart never costs the numbers
         return f"no chart: {type(e).__name__}: {e}"
+
+
+def save_figure(fig, path: str) -> str:
+    """Write a matplotlib figure as a PNG (making its folder) and free it; a line to log."""
+    import matplotlib.pyplot as plt
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return f"wrote {path}"
+
+
+def finish(results: dict, json_path: str, png_path: str | None, draw, tables) -> None:
+    """A run's last words: its chart when one was asked for (``draw(results, path)``), where its
+    JSON went, and its tables (``tables(results)``) on stdout, last."""
+    if png_path:
+        log(draw(results, png_path))
+    log(f"wrote {json_path}")
+    print(tables(results))
 
 
 def _bars(ax, items, goal, title):

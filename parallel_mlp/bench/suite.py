@@ -38,6 +38,7 @@ from .gemms import section_fused, section_gemms
 from .harness import (
     Ctx,
     attempt,
+    check_timing_flags,
     environment,
     l2_bytes,
     log,
@@ -45,6 +46,7 @@ from .harness import (
     start_watchdog,
     time_calls,
     with_tflops,
+    without_cuda,
 )
 from .mlp import section_compile, section_mlp
 from .models import parse_configs
@@ -111,25 +113,17 @@ def parse_args(argv=None, command: str = "full") -> argparse.Namespace:
         p.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
                        help="rows that would start after this many seconds are skipped")
     args = p.parse_args(argv)
-    if args.hold_s is not None and args.hold_s < 0:
-        p.error(f"--hold-s {args.hold_s:g}: must be >= 0 (0 times call by call)")
-    if args.rounds < 1:
-        p.error(f"--rounds {args.rounds}: must be >= 1")
+    check_timing_flags(p, args)
     args.command = command
     return args
 
 
 def apply_defaults(args: argparse.Namespace) -> argparse.Namespace:
     """Fill unset flags: the full-size shapes, or tiny ones for a dry run (forced without CUDA)."""
-    if not torch.cuda.is_available() and not args.dry_run:
-        log("no CUDA device: running the CPU dry run (tiny shapes, torch backend)")
-        args.dry_run = True
+    without_cuda(args)
     for key, value in (DRY_RUN if args.dry_run else FULL_SIZE).items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
-    if not torch.cuda.is_available() and args.backend == "cute":
-        args.backend = "torch"  # the CuTe kernels need sm_90; the CPU run tests the script
-        args.backend_note = "cute needs CUDA: ours runs on the torch backend in this dry run"
     return args
 
 
@@ -229,8 +223,5 @@ def run_single(args: argparse.Namespace) -> dict:
 def main(argv=None, command: str = "full") -> int:
     args = apply_defaults(parse_args(argv, command))
     results = run_single(args)
-    if args.png:
-        log(report.write_png(results, args.png))
-    log(f"wrote {args.json}")
-    print(report.format_tables(results))
+    report.finish(results, args.json, args.png, report.write_png, report.format_tables)
     return 0

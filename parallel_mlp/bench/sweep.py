@@ -36,6 +36,7 @@ from . import quack_baseline, report, sweep_report
 from .harness import (
     Ctx,
     attempt,
+    check_timing_flags,
     environment,
     free_memory,
     l2_bytes,
@@ -44,6 +45,7 @@ from .harness import (
     ratio,
     start_watchdog,
     unavailable,
+    without_cuda,
 )
 from .mlp import bench_mlp
 from .progress import Progress
@@ -113,25 +115,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
                    help="processes compiling our kernels ahead")
     args = p.parse_args(argv)
-    if args.hold_s is not None and args.hold_s < 0:
-        p.error(f"--hold-s {args.hold_s:g}: must be >= 0 (0 times call by call)")
-    if args.rounds < 1:
-        p.error(f"--rounds {args.rounds}: must be >= 1")
+    check_timing_flags(p, args)
     return args
 
 
 def apply_defaults(args: argparse.Namespace) -> argparse.Namespace:
-    # --estimate plans the GPU run from anywhere; running needs CUDA or a dry run.
-    if not torch.cuda.is_available() and not args.dry_run and not args.estimate:
-        log("no CUDA device: running the CPU dry run (tiny shapes, torch backend)")
-        args.dry_run = True
+    without_cuda(args, planning=args.estimate)  # --estimate plans the GPU run from anywhere
     if args.hold_s is None:
         args.hold_s = 0.0 if args.dry_run else QUICK_HOLD_S if args.quick else DEFAULT_HOLD_S
     if args.dry_run:
         args.iters = min(args.iters, 2)
         args.warmup = min(args.warmup, 1)
-    if not torch.cuda.is_available() and args.backend == "cute":
-        args.backend = "torch"  # the CuTe kernels need sm_90; the CPU run tests the script
     return args
 
 
@@ -292,6 +286,7 @@ def run(args: argparse.Namespace) -> dict:
         "mode": "sweep", "dtype": args.dtype, "hold_s": args.hold_s, "rounds": args.rounds,
         "warmup": args.warmup, "iters": args.iters, "dry_run": args.dry_run,
         "quick": args.quick, "variants": names, "budget_s": args.budget_s, "estimate": plan,
+        "backend_note": getattr(args, "backend_note", None),
         "quack": {"version": quack_baseline.version(), "tuned": args.quack_tuned,
                   "unavailable": ctx.unavailable.get("quack")}},
         "rows": []}
@@ -343,8 +338,6 @@ def main(argv=None) -> int:
             print(f"  {secs:5.1f} s  {shape.label}")
         return 0
     results = run(args)
-    if args.png:
-        log(sweep_report.write_heatmap(results, args.png))
-    log(f"wrote {args.json}")
-    print(sweep_report.format_sweep(results))
+    report.finish(results, args.json, args.png, sweep_report.write_heatmap,
+                  sweep_report.format_sweep)
     return 0

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import math
 import textwrap
-from pathlib import Path
 
-from .report import Notes, num, table
+from .report import Notes, num, run_lines, save_figure, table, timing_line
 
 VARIANT_NAMES = {"ours": "ours", "ours_recompute": "ours recompute", "eager": "eager",
                  "compile": "torch.compile", "quack": "quack"}
@@ -30,18 +29,7 @@ def ours_over(row: dict, baseline: str) -> float | None:
 
 def _header(results: dict) -> list[str]:
     meta = results.get("meta", {})
-    lines = [f"parallel_mlp.bench sweep  {meta.get('device')}  torch {meta.get('torch')}  "
-             f"{meta.get('dtype')}  ours={meta.get('backend')}  git {meta.get('git')}"
-             + ("  [DRY RUN: tiny shapes; tests the script, not the kernels]"
-                if meta.get("dry_run") else "")]
-    if meta.get("hold_s"):
-        lines.append(f"timing: held, each variant back to back for {meta['hold_s']:g} s a turn, "
-                     f"{meta.get('rounds')} turns (its own clock, as in training)")
-    else:
-        lines.append(f"timing: call by call, round-robin, {meta.get('iters')} calls per variant")
-    if meta.get("ours_unavailable"):
-        lines.append(f"ours ({meta.get('backend')}) cannot run here, rows say n/a: "
-                     f"{meta['ours_unavailable'][:300]}")
+    lines = run_lines(meta, "parallel_mlp.bench sweep") + [timing_line(meta)]
     quack = meta.get("quack") or {}
     if quack.get("unavailable"):
         lines.append(f"quack: skipped: {quack['unavailable']}")
@@ -178,9 +166,6 @@ def write_heatmap(results: dict, path: str) -> str:
         meta = results.get("meta", {})
         fig.suptitle(f"parallel_mlp.bench sweep - {meta.get('device')} - {meta.get('dtype')} "
                      f"fwd+bwd, ours default mode")
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=90)
-        plt.close(fig)
-        return f"wrote {path}"
+        return save_figure(fig, path)
     except Exception as e:  # noqa: BLE001 - a chart never costs the numbers
         return f"no heat map: {type(e).__name__}: {e}"
