@@ -121,6 +121,7 @@ def test_cold_start_alone_with_its_breakdown_and_profile(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(out.read_text())
     assert "gemms" not in data and "mlp" not in data and "ceiling" not in data
+    assert "ceiling:" not in proc.stdout
     steps = ("torch_import_s", "import_s", "cuda_init_s", "ready_s", "first_fwd_s", "first_fwd_bwd_s")
     cold = data["cold_start"]["torch"]
     for run in cold["runs"] + [cold["meta_build"]]:

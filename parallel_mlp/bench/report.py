@@ -175,11 +175,11 @@ def timing_line(meta: dict) -> str:
 def _header(results: dict, notes: Notes) -> list[str]:
     meta = results.get("meta", {})
     lines = run_lines(meta, f"parallel_mlp.bench  T={meta.get('tokens')} d={meta.get('d_model')}")
-    ceiling = results.get("ceiling", {})
-    start, end = ceiling.get("start"), ceiling.get("end")
-    size = start.get("size") if isinstance(start, dict) else None
-    lines.append(f"ceiling: cuBLAS {size}^3 GEMM {notes.cell(start, 'tflops')} TFLOP/s at start, "
-                 f"{notes.cell(end, 'tflops')} at end ({notes.cell(start)} ms)")
+    if "ceiling" in results:  # the cold command times no GPU work and measures none
+        start, end = results["ceiling"].get("start"), results["ceiling"].get("end")
+        size = start.get("size") if isinstance(start, dict) else None
+        lines.append(f"ceiling: cuBLAS {size}^3 GEMM {notes.cell(start, 'tflops')} TFLOP/s at "
+                     f"start, {notes.cell(end, 'tflops')} at end ({notes.cell(start)} ms)")
     if "hold_s" in meta:
         lines.append(timing_line(meta))
     return lines

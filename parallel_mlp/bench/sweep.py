@@ -2,7 +2,7 @@
 pretraining run meets.
 
     python -m parallel_mlp.bench sweep --json sweep.json --png sweep.png   # ~8 min on an H200
-    python -m parallel_mlp.bench sweep --quick     # six shapes, ~2 min
+    python -m parallel_mlp.bench sweep --quick     # four shapes, ~2 min
     python -m parallel_mlp.bench sweep --estimate  # the plan and its time; runs nothing
     python -m parallel_mlp.bench sweep --dry-run   # tiny shapes on the CPU (automatic without CUDA)
 
@@ -12,11 +12,11 @@ PyTorch eager, torch.compile and quack's MLP, one training step fwd+bwd: ms, TFL
 to eager and to quack, and its peak memory above what was allocated before the step (the
 weights and inputs of every variant). The variants of a shape hold the same weights, are checked
 against eager's outputs, and are timed side by side, held (harness.time_held): each back to back
-for --hold-s seconds a turn, --rounds turns, as the single-GPU benchmark times them but with two
-turns instead of three so that 30 shapes fit one device call.
+for --hold-s seconds a turn, --rounds turns, as the single-GPU benchmark times them but with
+shorter and fewer turns so that 30 shapes fit one device call.
 
 Before anything is timed, our kernels for the whole grid compile in a process pool
-(kernels.warmup.compile_keys) and quack's in a child process beside it, so no timed shape pays
+(kernels.warmup.compile_keys) and quack's in child processes beside it, so no timed shape pays
 for compiling. The plan's time is printed first; a shape that would end past --budget-s is
 skipped and its row says so. Prints a table, writes the JSON, and with --png draws heat maps of
 ours / eager and ours / quack over (T, d) (sweep_report.py).
