@@ -140,7 +140,8 @@ def fake_results(quack_reason=None):
     rows = [row(Shape(8192, 4096, "swiglu", 1), 10.0, 11.0, 10.5),
             row(Shape(8192, 4096, "swiglu", 2), 5.0, 5.2, 4.5, disagree=["quack"]),
             row(Shape(512, 1024, "gelu_tanh_approx", 8), 0.2, 0.19, 0.25),
-            sweep.shape_record(Shape(65536, 2048, "swiglu", 8)) | {"skipped": "over the time budget (3 s left)"}]
+            sweep.shape_record(Shape(65536, 2048, "swiglu", 8))
+            | {"skipped": "over the time budget (3 s left)"}]
     meta = {"device": "NVIDIA H200", "dtype": "bfloat16", "backend": "cute", "hold_s": 0.8,
             "rounds": 2, "variants": list(sweep.VARIANTS),
             "quack": {"version": "0.6.5", "tuned": False, "unavailable": quack_reason}}
@@ -210,7 +211,8 @@ def test_progress_bar_redraws_on_a_terminal_and_writes_lines_elsewhere():
 def test_quack_missing_is_a_reason_not_an_error(monkeypatch):
     monkeypatch.setattr(quack_baseline, "installed", lambda: False)
     mod, reason = quack_baseline._import()
-    assert mod is None and reason == "quack-kernels is not installed (pip install quack-kernels==0.6.5)"
+    assert mod is None
+    assert reason == "quack-kernels is not installed (pip install quack-kernels==0.6.5)"
     monkeypatch.setattr(quack_baseline, "_loaded", (None, reason))
     w = torch.zeros(16, 16)
     with pytest.raises(RuntimeError, match="not installed"):
@@ -318,4 +320,3 @@ def test_dry_run_end_to_end(tmp_path):
         assert "no heat map: matplotlib is not installed" in proc.stderr
     else:
         assert png.read_bytes()[:4] == b"\x89PNG"
-

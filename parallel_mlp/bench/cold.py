@@ -119,5 +119,3 @@ def section_cold_start(ctx: Ctx, results: dict) -> None:
         out[backend] = attempt(ctx, f"cold start {backend}", bench_cold_start, ctx, backend,
                                min_time_s=10.0)
         ctx.checkpoint()
-
-

@@ -228,4 +228,3 @@ def _with_config(fn, cfg):
         return fn()
     finally:
         ops._pick_config = old
-

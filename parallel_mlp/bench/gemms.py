@@ -237,4 +237,3 @@ def section_fused(ctx: Ctx, results: dict) -> None:
         rows.extend(out)
         ctx.checkpoint()
         free_memory(ctx)
-

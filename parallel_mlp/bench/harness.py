@@ -43,7 +43,6 @@ def log(msg: str) -> None:
     print(f"{clear}[bench {time.monotonic() - _START:6.1f}s] {msg}", file=sys.stderr, flush=True)
 
 
-
 # ---- run context ----------------------------------------------------------------------------
 
 
@@ -91,6 +90,7 @@ class Ctx:
     def rand(self, *shape: int, scale: float = 1.0) -> torch.Tensor:
         # Random, never zero: zeros hide unwritten outputs and can run faster than real data.
         return torch.randn(*shape, device=self.device, dtype=self.dtype).mul_(scale)
+
 
 # ---- timing ---------------------------------------------------------------------------------
 

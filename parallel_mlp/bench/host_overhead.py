@@ -93,4 +93,3 @@ def main(argv=None) -> int:
     pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(25)
     print(out.getvalue())
     return 0
-

@@ -165,5 +165,3 @@ def section_compile(ctx: Ctx, results: dict) -> None:
         finish_mlp_row(row)
         ctx.checkpoint()
         free_memory(ctx)
-
-

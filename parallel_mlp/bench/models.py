@@ -67,7 +67,6 @@ def eager_activation(name: str):
     return table[name]
 
 
-
 class EagerMLP(nn.Module):
     """The PyTorch reference a user would write: x @ W1.T -> activation in torch ops -> @ W2.T,
     differentiated by autograd. W1 in the chunked gate/up layout."""
@@ -165,4 +164,3 @@ def prepare_mlp_variant(ctx: Ctx, model: nn.Module, xs, dys, reference, held_by_
     out, reference = first_step(ctx, model, xs, dys, reference)
     out |= step_peak_memory(ctx, model, xs, dys, held_by_others)
     return out, reference
-

@@ -50,4 +50,3 @@ def main(argv=None) -> int:
         torch.cuda.synchronize()
     print("launched, in order:", "; ".join(name for name, _ in todo))
     return 0
-

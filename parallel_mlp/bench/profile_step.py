@@ -161,4 +161,3 @@ def main(argv=None) -> int:
         for kname, ms, gap in rows:
             print(f"  {ms:9.3f} {gap:11.3f}  {short(kname)}")
     return 0
-

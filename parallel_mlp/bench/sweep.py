@@ -91,11 +91,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help=f"{len(QUICK)} shapes, {QUICK_HOLD_S:g} s turns (~2 min)")
     p.add_argument("--dry-run", action="store_true",
                    help="tiny shapes, call by call; automatic when CUDA is absent")
-    p.add_argument("--estimate", action="store_true", help="print the plan and its time, run nothing")
+    p.add_argument("--estimate", action="store_true",
+                   help="print the plan and its time, run nothing")
     p.add_argument("--hold-s", type=float, default=None,
-                   help=f"seconds each variant runs back to back per turn (default {DEFAULT_HOLD_S:g}"
-                        f", --quick {QUICK_HOLD_S:g}; 0: call by call)")
-    p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="held timing: turns per variant")
+                   help=f"seconds each variant runs back to back per turn (default "
+                        f"{DEFAULT_HOLD_S:g}, --quick {QUICK_HOLD_S:g}; 0: call by call)")
+    p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
+                   help="held timing: turns per variant")
     p.add_argument("--warmup", type=int, default=3, help="untimed calls of each variant first")
     p.add_argument("--iters", type=int, default=10, help="timed calls when --hold-s is 0")
     p.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
@@ -170,7 +172,8 @@ def estimate(shapes, names, args: argparse.Namespace, n_kernels: int, warm_quack
     first_use = FIRST_COMPILE_S if "compile" in names else 0.0
     if "quack" in names and not warm_quack:
         first_use += QUACK_WARM_S
-    parts = {"startup": STARTUP_S, "compile_ahead": compile_ahead_s(n_kernels, warm_quack, args.jobs),
+    parts = {"startup": STARTUP_S,
+             "compile_ahead": compile_ahead_s(n_kernels, warm_quack, args.jobs),
              "shapes": sum(per_shape) + first_use, "report": REPORT_S}
     return {"total_s": sum(parts.values()), "parts_s": parts, "per_shape_s": per_shape,
             "kernels": n_kernels}
@@ -180,7 +183,8 @@ def kernel_keys(shapes, dtype: str, num_sms: int) -> list:
     """Every kernel ours runs on the grid, each once (kernels.warmup.mlp_keys per shape)."""
     from ..kernels.warmup import mlp_keys
 
-    keys = [k for s in shapes for k in mlp_keys(s.tokens, s.d, s.shard, s.act, dtype, num_sms=num_sms)]
+    keys = [k for s in shapes
+            for k in mlp_keys(s.tokens, s.d, s.shard, s.act, dtype, num_sms=num_sms)]
     return list(dict.fromkeys(keys))
 
 
@@ -190,8 +194,8 @@ def plan_lines(shapes, names, args, plan: dict) -> list[str]:
               else f"call by call, {args.iters} calls per variant")
     return [f"plan: {len(shapes)} shapes x {len(names)} variants ({', '.join(names)}), {timing}",
             f"estimate: ~{plan['total_s']:.0f} s = startup {p['startup']:.0f} + compile ahead "
-            f"{p['compile_ahead']:.0f} ({plan['kernels']} kernels of ours) + shapes {p['shapes']:.0f}"
-            f" + report {p['report']:.0f}; budget {args.budget_s:.0f} s"]
+            f"{p['compile_ahead']:.0f} ({plan['kernels']} kernels of ours) + shapes "
+            f"{p['shapes']:.0f} + report {p['report']:.0f}; budget {args.budget_s:.0f} s"]
 
 
 # ---- running it -----------------------------------------------------------------------------
@@ -282,14 +286,14 @@ def run(args: argparse.Namespace) -> dict:
     if args.quack_tuned and "quack" not in ctx.unavailable:
         log("quack tuned: its autotuning at every shape is not in the estimate")
 
-    results = {"meta": environment(ctx) | {
+    meta = environment(ctx) | {
         "mode": "sweep", "dtype": args.dtype, "hold_s": args.hold_s, "rounds": args.rounds,
         "warmup": args.warmup, "iters": args.iters, "dry_run": args.dry_run,
         "quick": args.quick, "variants": names, "budget_s": args.budget_s, "estimate": plan,
         "backend_note": getattr(args, "backend_note", None),
         "quack": {"version": quack_baseline.version(), "tuned": args.quack_tuned,
-                  "unavailable": ctx.unavailable.get("quack")}},
-        "rows": []}
+                  "unavailable": ctx.unavailable.get("quack")}}
+    results = {"meta": meta, "rows": []}
 
     def save():
         report.write_json(results, args.json)

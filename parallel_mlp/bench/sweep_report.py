@@ -72,7 +72,8 @@ def summary(results: dict) -> list[str]:
     """Per baseline: the geometric mean of ours' ratios over the shapes, and the worst and best
     shapes; recompute's cost; the rows whose outputs disagree with eager's."""
     rows = [r for r in results.get("rows", []) if "variants" in r]
-    lines = ["", "Summary: ours (default mode) against each baseline, its time / ours, over the shapes"]
+    lines = ["", "Summary: ours (default mode) against each baseline, its time / ours, "
+             "over the shapes"]
     for name, _, label in BASELINES:
         pairs = [(x, r["label"]) for r in rows if (x := ours_over(r, name)) is not None]
         if not pairs:
@@ -108,7 +109,7 @@ def format_sweep(results: dict) -> str:
 # ---- heat maps --------------------------------------------------------------------------------
 
 
-def heat_cells(results: dict, activation: str, baseline: str) -> dict[tuple[int, int], tuple[float, int]]:
+def heat_cells(results: dict, activation: str, baseline: str) -> dict[tuple, tuple[float, int]]:
     """(T, d) -> (the worst of ours' ratios to ``baseline`` over the shapes there, how many):
     several TP shards can share a cell, and the worst is the one to look at."""
     cells: dict[tuple[int, int], list[float]] = {}
@@ -160,8 +161,9 @@ def write_heatmap(results: dict, path: str) -> str:
                     ax.set_ylabel("T (tokens per rank)")
                 ax.set_title(f"{label} time / ours, {act}", fontsize=9)
                 if not cells and name == "quack" and quack_reason:
-                    ax.text(0.5, 0.5, "quack not measured:\n" + textwrap.fill(quack_reason[:120], 40),
-                            transform=ax.transAxes, ha="center", va="center", fontsize=7)
+                    text = "quack not measured:\n" + textwrap.fill(quack_reason[:120], 40)
+                    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center",
+                            fontsize=7)
         fig.colorbar(image, ax=axes, shrink=0.8, label="> 1: ours faster (worst shard per cell)")
         meta = results.get("meta", {})
         fig.suptitle(f"parallel_mlp.bench sweep - {meta.get('device')} - {meta.get('dtype')} "
