@@ -26,7 +26,7 @@ TILE_K = 64
 
 # N extents of a CTA tile. 160 is for N that 192 leaves a partial last wave on (N = 7168: 37.3
 # tiles of 192 per row, 44.8 of 160); its N-major B operand takes a 64B swizzle instead of 128B.
-# Held 1 s on an H200, 2026-11-30 (bench_gemm --h 7168 --also tile_n=160): the plain dy@W2 at
+# Held 1 s on an H200, 2026-11-30 (bench configs --h 7168 --also tile_n=160): the plain dy@W2 at
 # N = 7168 ran 1.4% faster than at 192 and its dact 1.2% slower, so no default picks it. 176
 # (32B swizzle) ran 16-22% slower in the same run and is not offered.
 TILE_N_CHOICES = (64, 128, 160, 192, 256)
@@ -45,7 +45,7 @@ WIDE_TILE_MAX_PAD = 1.04
 # From this K up, big GEMMs other than the dact take cooperative 128x256 tiles (2x1 cluster): the
 # least operand traffic per MAC we have (0.0078 elements from L2, n256 WGMMAs reading the least
 # shared memory), while the epilogue it cannot overlap is a small share of a tile's time once K
-# is long. Held 0.5 s on an H200, 2026-11-30 (bench_gemm --also
+# is long. Held 0.5 s on an H200, 2026-11-30 (bench configs --also
 # consumers=cooperative,tile_n=256,..., at h = 14336, 7168 and gelu 16384), against pingpong
 # 128x192: fc2 and dx (K 7168 to 28672) 3-5% faster, dW1 (K 8192) 1.5-3%; at K = 4096 the plain
 # dy@W2 was even and the dact 7% slower (0.845 vs 0.910x cuBLAS).
@@ -93,7 +93,7 @@ class GemmConfig:
     # being computed. 1: a two-slot preact ring and separate dpreact buffers. 2 or 3: a ring of
     # 3 or 4 slots, with dpreact written in place over its preact and stored from there, so the
     # dpreact buffers' shared memory holds the deeper ring. At 128x256, a gated dact keeps 3 A/B
-    # stages with 2 and drops to 2 with 3. On an H200, 2026-11-30 (bench_gemm --only dpost
+    # stages with 2 and drops to 2 with 3. On an H200, 2026-11-30 (bench configs --only dpost
     # --dact-prefetch N): 2 ran 1.443 ms against 1's 1.445, 3 ran 2.16 ms.
     # Pingpong dact always writes dpreact in place; dact_prefetch is its slots per warpgroup:
     # 1 (the next subtile's preact loads once this one's stores have read the slot) or 2 (both
@@ -138,7 +138,7 @@ class GemmConfig:
             # The persistent grid is num_sms / cluster size clusters, and an H200 holds only 30
             # four-CTA clusters at once (cudaOccupancyMaxActiveClusters; 120 of its 132 SMs):
             # the 33rd runs as a second wave. On an H200, 2026-11-30, 2x2 clusters ran every MLP
-            # GEMM at 0.49-0.56x cuBLAS (bench_gemm --also cluster_n=2), and even a 30-cluster
+            # GEMM at 0.49-0.56x cuBLAS (bench configs --also cluster_n=2), and even a 30-cluster
             # grid would leave 12 SMs idle.
             raise ValueError(
                 f"cluster=({self.cluster_m},{self.cluster_n}): at most 2 CTAs per cluster (2x1 or "
@@ -231,13 +231,13 @@ def big_pingpong_config(m: int, n: int, num_sms: int = DEFAULT_NUM_SMS, kind: st
 
     Its warpgroup tile is 128x192 (192 accumulators per thread): with the 2x1 cluster, 0.0091
     operand elements read from L2 per MAC against 128x128's 0.0117. At the power cap the time of
-    a GEMM follows its energy, not its cycles: held 0.5 s on an H200, 2026-11-30 (bench_gemm
+    a GEMM follows its energy, not its cycles: held 0.5 s on an H200, 2026-11-30 (bench configs
     --also tile_n=128), 25 of 27 MLP GEMMs ran 1-7% faster than at 128x128. Where 192 would pad
     N much more than 128 does (N = 256: 50%), 128 it stays.
 
     The dact's two preact slots per warpgroup, both filled at the tile's start, hide its preact
     load behind the other warpgroup's mainloop; 16-column subtiles make room for them (4 A/B
-    stages at 128x192, 5 at 128x128). On an H200, 2026-11-30 (bench_gemm --only dpost, swiglu),
+    stages at 128x192, 5 at 128x128). On an H200, 2026-11-30 (bench configs --only dpost, swiglu),
     call by call: 2.4% faster at h=7168, 2.3% at h=14336; either change alone is neutral or
     slower. Held 0.5 s, at 128x192 and h=7168: 1.13x the time of cuBLAS's plain GEMM against
     1.17x with one slot.
@@ -250,7 +250,7 @@ def big_pingpong_config(m: int, n: int, num_sms: int = DEFAULT_NUM_SMS, kind: st
 
 # Stream-K (GemmConfig.stream_k) is picked where whole tiles would waste at least this share of
 # the time in the last wave: (1 - R/G) / (W + 1) for W full waves and R of G clusters busy in the
-# last. Held 1 s on an H200, 2026-11-30 (bench_gemm --only fc2,dx,dW2,dW1 --also stream_k=1 at
+# last. Held 1 s on an H200, 2026-11-30 (bench configs --only fc2,dx,dW2,dW1 --also stream_k=1 at
 # T = 2304, 4352, 8192), stream-K realized about half of that share, less ~1.5%: fc2 / dx at
 # T=2304 (27% predicted) ran 14-16% faster, at T=4352 (18%) 10%; at T=8192 (3%) even or within
 # 2% either way.
@@ -296,7 +296,7 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
     T=8192), except the dact: cooperative 128x256, 2x1 cluster, raster group 16.
 
     Other big GEMMs (fc1, dy@W2 and its dact at d=4096): ``big_pingpong_config``. On an H200,
-    2026-11-30, pingpong 128x128 timed call by call against cooperative 128x256 (bench_gemm
+    2026-11-30, pingpong 128x128 timed call by call against cooperative 128x256 (bench configs
     --also consumers=pingpong,tile_n=128,raster_group=16): fc1 + swiglu 7% faster, plain and
     accumulate GEMMs 2-5%, dx even. The pingpong dact writes dpreact in place over its preact,
     which leaves a 128x128 tile 5 A/B stages (with 3, plain fc1 ran 3.950 ms against 2.704 at 5).
@@ -304,7 +304,7 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
     1.503 ms (tools/clock_probe.py, 2 s turns). See kernels/NOTES.md, "Consumer schedules".
 
     The accumulate (fp32 main-grad) epilogue gets the L2 prefetch of its D tile: 0.5-1.4%
-    faster on the MLP's wgrad shapes (call by call, bench_gemm --also l2_prefetch=1). The dact
+    faster on the MLP's wgrad shapes (call by call, bench configs --also l2_prefetch=1). The dact
     does not: its preact prefetch measured 0.7-1.4% slower; it gets a two-slot preact ring per
     warpgroup instead.
 
@@ -341,7 +341,7 @@ TUNE_CANDIDATES = (
 )
 
 
-# Pingpong configs that `python -m parallel_mlp.kernels.bench_gemm --sweep --consumers pingpong`
+# Pingpong configs that `python -m parallel_mlp.bench configs --sweep --consumers pingpong`
 # times (the tile is one warpgroup's). Not in TUNE_CANDIDATES: on big shapes tuned=True times
 # the pingpong default (big_pingpong_config) and its 128x128 tile instead.
 PINGPONG_CANDIDATES = (

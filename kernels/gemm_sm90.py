@@ -101,7 +101,7 @@ class PersistentGemmSm90:
         # Pingpong dact: in place too, over ONE preact slot per warpgroup, loaded when the
         # subtile before it has been stored. A 128x128 pingpong tile needs 5 or more A/B stages
         # (on an H200, 2026-11-30, plain fc1 at 3 / 4 / 5 / 6 stages: 3.950 / 2.882 / 2.704 /
-        # 2.696 ms; bench_gemm --also max_stages=N), and the two-slot ring plus dpreact buffers
+        # 2.696 ms; bench configs --also max_stages=N), and the two-slot ring plus dpreact buffers
         # left the gated dact 3. The load latency this exposes per subtile falls inside the
         # other warpgroup's mainloop.
         self.dpre_in_place = epilogue.kind == "dact" and (config.dact_prefetch > 1 or self.pingpong)

@@ -167,9 +167,8 @@ def _stream():
 # dynamic sizes and its one dynamic (leading) stride; a 1-D tensor (bias, tile counter) as its
 # pointer and size. Building these directly costs a few microseconds, where from_dlpack(...)
 # .mark_layout_dynamic(...) plus the DSL's argument adapters cost ~45 us per launch (H200 host,
-# 2026-11-30, python -m parallel_mlp.kernels.host_overhead). tests/kernels/test_launch_args.py
-# checks that the bytes equal what the DSL's own generate_execution_args builds from the
-# _to_cute tensors.
+# 2026-11-30, `python -m parallel_mlp.bench host`). tests/kernels/test_launch_args.py checks that
+# the bytes equal what the DSL's own generate_execution_args builds from the _to_cute tensors.
 class _MatrixArg(ctypes.Structure):
     _fields_ = [("data", ctypes.c_void_p), ("shape", ctypes.c_int32 * 2), ("stride", ctypes.c_int64)]
 

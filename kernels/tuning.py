@@ -2,9 +2,10 @@
 
 The choice is keyed by (variant, dtypes, operand majorness, M, N, K, SM count) and kept in
 ``$PARALLEL_MLP_CACHE_DIR/tune-v3.json`` (default ``~/.cache/parallel_mlp``); later calls and
-later processes reuse it without timing. Candidates are timed held (median_ms_held: turns of
-timing.DEFAULT_HOLD_S, three each, ~30 s per problem), so the choice is the fastest at the clock it
-gets running alone; shorter turns measured the card's clock swing rather than the candidates.
+later processes reuse it without timing. Candidates are timed held (parallel_mlp.bench.timing's
+median_ms_held: turns of DEFAULT_HOLD_S, three each, ~30 s per problem), so the choice is the
+fastest at the clock it gets running alone; shorter turns measured the card's clock swing rather
+than the candidates.
 Timing runs the real op on the caller's tensors, into scratch outputs, so it never writes to the
 caller's outputs.
 
@@ -35,7 +36,7 @@ _choices: dict | None = None
 def _path():
     # Choices of candidates held 1 s a turn. tune.json (call by call: picks by cycles) and
     # tune-v2.json (0.3 s turns) are not read: on an H200, 2026-11-30, one kernel timed in three
-    # columns in turn differed by up to 6% at 0.5 s turns, 0.6% at 1 s (timing.DEFAULT_HOLD_S).
+    # columns in turn differed by up to 6% at 0.5 s turns, 0.6% at 1 s (bench.timing.DEFAULT_HOLD_S).
     return cache_dir() / "tune-v3.json"
 
 
@@ -58,76 +59,6 @@ def _save():
         os.replace(tmp, p)
     except OSError:
         pass
-
-
-def median_ms_interleaved(fns, reps=10, warmup=1):
-    """Median CUDA-event times (ms) of several functions, after `warmup` untimed rounds (the
-    first call also compiles), called round-robin: f0, f1, ..., f0, f1, ... so that each sees
-    the same clocks. An H200 under a GEMM is power-bound and its SM clock wanders by 10-20% over
-    seconds; timing one function's reps after another's compares clock states as much as
-    kernels. Used by tuning and `bench_gemm`.
-
-    Events around every call, one synchronize at the end: the host runs ahead and keeps the
-    queue full, so each event pair brackets the kernel, not the Python that launches it. (A
-    synchronize per call would let the GPU idle while the next call's host side runs and add
-    that launch overhead, ~0.1 ms for ours vs ~0.01 ms for torch.mm, to every sample.)"""
-    for _ in range(warmup):
-        for fn in fns:
-            fn()
-    torch.cuda.synchronize()
-    pairs = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-             for _ in fns]
-    for r in range(reps):
-        for fn, ev in zip(fns, pairs):
-            ev[r][0].record()
-            fn()
-            ev[r][1].record()
-    torch.cuda.synchronize()
-    out = []
-    for ev in pairs:
-        times = sorted(s.elapsed_time(e) for s, e in ev)
-        out.append(times[len(times) // 2])
-    return out
-
-
-def median_ms_held(fns, hold_s=None, rounds=3, warmup=1):
-    """Median times (ms) of several functions, each held: run back to back for `hold_s` in turn,
-    for `rounds` turns (parallel_mlp.timing). Each then runs at the clock its own power draw
-    allows, as in training, where median_ms_interleaved gives them one shared clock and so
-    compares cycles. A function's time is the median over its turns of each turn's median.
-    `hold_s` defaults to timing.DEFAULT_HOLD_S."""
-    import statistics
-
-    from parallel_mlp.timing import DEFAULT_HOLD_S, hold, settled
-
-    hold_s = DEFAULT_HOLD_S if hold_s is None else hold_s
-
-    for _ in range(warmup):
-        for fn in fns:
-            fn()
-    torch.cuda.synchronize()
-    turns = [[] for _ in fns]
-    for _ in range(rounds):
-        for fn, out in zip(fns, turns):
-            out.append(statistics.median(settled(hold(lambda i, fn=fn: fn(), hold_s))))
-    return [statistics.median(t) for t in turns]
-
-
-def host_us_per_call(fn, calls=200, warmup=3):
-    """Host wall time per call in µs over back-to-back calls of a tiny op: the launch overhead
-    (Python, argument conversion, the launch itself), which the GPU waits for whenever the
-    queue is empty, e.g. after a synchronize or with small per-rank shapes."""
-    import time
-
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / calls * 1e6
 
 
 def _candidate_runner(spec, a, b, d_dtype):
@@ -182,8 +113,11 @@ def tuned_config(spec, a, bk, d_dtype, num_sms: int) -> GemmConfig:
     if runnable:
         # Held turns: each candidate at the clock its own power draw gets (call by call they
         # would share one and be chosen by cycles), and the turns in rounds cancel the card's
-        # drift of 10-20% over seconds.
-        times = median_ms_held([functools.partial(run, cfg) for cfg in runnable])
+        # drift of 10-20% over seconds. Imported here: only a first tuned call of a problem
+        # times anything, and the bench package's timing needs nothing but torch.
+        from parallel_mlp.bench import timing
+
+        times = timing.median_ms_held([functools.partial(run, cfg) for cfg in runnable])
         best = runnable[min(range(len(runnable)), key=times.__getitem__)]
     with _lock:
         _load()[key] = asdict(best)

@@ -1,14 +1,17 @@
 """Fill the on-disk kernel cache for a model's MLP shapes, compiling in parallel.
 
     python -m parallel_mlp.kernels.warmup --tokens 8192 --d 4096 --h 14336 --act swiglu [-j 16]
+    python -m parallel_mlp.kernels.warmup --shapes 8192:4096:14336:swiglu,2048:1024:4096:gelu_tanh_approx
 
 Compiles (in a process pool) the kernels that ParallelMLP's forward and backward use at these
 shapes with the default configs: fc1 + act (with and without stored preact, for recompute),
-fc2, the dact GEMM, dx, and both wgrads (fp32 accumulate and plain store), and exports each to
-``$PARALLEL_MLP_CACHE_DIR`` (default ``~/.cache/parallel_mlp``). Run it once on the GPU host (or
-any machine with the same DSL) before timing or training, so no step pays for compiling; a kernel
-it did not foresee is still compiled on first use. Shape-independent: a kernel serves every
-problem size of its layout and config, so only the configs the shapes select matter.
+recompute's plain fc1 replay, fc2, the dact GEMM, dx, and both wgrads (fp32 accumulate and plain
+store), and exports each to ``$PARALLEL_MLP_CACHE_DIR`` (default ``~/.cache/parallel_mlp``). Run
+it once on the GPU host (or any machine with the same DSL) before timing or training, so no step
+pays for compiling; a kernel it did not foresee is still compiled on first use.
+Shape-independent: a kernel serves every problem size of its layout and config, so only the
+configs the shapes select matter (``python -m parallel_mlp.bench sweep`` compiles its whole
+grid's this way, through ``compile_keys``).
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ def mlp_keys(tokens, d, h, act, dtype="bfloat16", d_out=None, bias=False, num_sm
         # fc1 + act: x [T, d] row-major, b = W1.T -> (N, K) = W1, K contiguous
         KernelKey(EpilogueSpec("act", A.name, bias, True), cfg(T, F, d, "act"), dtype, "row", "row", dtype, bias_dt),
         KernelKey(EpilogueSpec("act", A.name, bias, False), cfg(T, F, d, "act"), dtype, "row", "row", dtype, bias_dt),
+        # recompute's replay of fc1 in backward: a plain GEMM at fc1's config
+        KernelKey(EpilogueSpec("store"), cfg(T, F, d), dtype, "row", "row", dtype),
         # fc2: postact [T, h] @ W2.T
         KernelKey(EpilogueSpec("store"), cfg(T, d_out, h), dtype, "row", "row", dtype),
         # dpostact = dy @ W2 (W2 row-major [d_out, h]: the (N, K) view is N-contiguous)
@@ -73,6 +78,31 @@ def _build(key: KernelKey):
     return True, time.time() - t, ""
 
 
+def compile_keys(keys, jobs: int) -> list[tuple[bool, float, str]]:
+    """Compile and export ``keys`` in a pool of ``jobs`` processes: (ok, seconds, why not) per key."""
+    if not keys:
+        return []
+    # spawn, not fork: this process may have initialised CUDA (to count SMs), and a forked child
+    # must not inherit a CUDA context.
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=max(1, min(jobs, len(keys))), mp_context=ctx) as pool:
+        return list(pool.map(_build, keys))
+
+
+def parse_shapes(text: str) -> list[tuple[int, int, int, str]]:
+    """'8192:4096:14336:swiglu,...' -> [(tokens, d, h, act), ...] (h: one shard's hidden size)."""
+    shapes = []
+    for item in text.split(","):
+        parts = item.strip().split(":")
+        if len(parts) != 4 or not all(x.isdigit() and int(x) > 0 for x in parts[:3]):
+            raise ValueError(f"--shapes item {item!r}: expected T:d:h:activation, e.g. 8192:4096:14336:swiglu")
+        get_activation(parts[3])  # an unknown name fails here, with the list of valid ones
+        shapes.append((int(parts[0]), int(parts[1]), int(parts[2]), parts[3]))
+    return shapes
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m parallel_mlp.kernels.warmup", description=__doc__.split("\n")[0])
     p.add_argument("--tokens", type=int, default=8192)
@@ -80,6 +110,8 @@ def main(argv=None) -> int:
     p.add_argument("--h", type=int, nargs="+", default=[14336], help="hidden size(s) of one shard")
     p.add_argument("--d-out", type=int, default=None)
     p.add_argument("--act", nargs="+", default=["swiglu"])
+    p.add_argument("--shapes", default=None, metavar="T:d:h:act,...",
+                   help="a list of shapes instead of --tokens/--d/--h/--act (h: one shard's)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     p.add_argument("--bias", action="store_true")
     p.add_argument("--num-sms", type=int, default=None, help="default: the current GPU's, else 132")
@@ -93,19 +125,19 @@ def main(argv=None) -> int:
             sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else DEFAULT_NUM_SMS
         except Exception:
             sms = DEFAULT_NUM_SMS
+    if args.shapes:
+        try:
+            shapes = parse_shapes(args.shapes)
+        except ValueError as e:
+            p.error(str(e))
+    else:
+        shapes = [(args.tokens, args.d, h, act) for act in args.act for h in args.h]
     keys = []
-    for act in args.act:
-        for h in args.h:
-            keys += mlp_keys(args.tokens, args.d, h, act, args.dtype, args.d_out, args.bias, sms)
+    for T, d, h, act in shapes:
+        keys += mlp_keys(T, d, h, act, args.dtype, args.d_out, args.bias, sms)
     keys = list(dict.fromkeys(keys))
     t0 = time.time()
-    # spawn, not fork: this process may have initialised CUDA (to count SMs), and a forked child
-    # must not inherit a CUDA context.
-    import multiprocessing
-
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=max(1, min(args.jobs, len(keys))), mp_context=ctx) as pool:
-        results = list(pool.map(_build, keys))
+    results = compile_keys(keys, args.jobs)
     bad = 0
     for key, (ok, dt, msg) in zip(keys, results):
         bad += not ok

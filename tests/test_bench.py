@@ -1,7 +1,8 @@
-"""The benchmark script on the CPU: the dry run end to end, and the rows when ours cannot run.
+"""The single-GPU and TP benchmarks on the CPU: the dry run end to end, the rows when ours cannot
+run, the command line, and the timing helpers.
 
-The real numbers need an H200 (``python -m parallel_mlp.bench``); these tests keep the script
-itself working, so that the one GPU run it gets does not die on a typo.
+The real numbers need an H200 (``python -m parallel_mlp.bench``); these tests keep the scripts
+themselves working, so that the one GPU run they get does not die on a typo.
 """
 
 import json
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fake_clock import FakeClock
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -40,7 +42,7 @@ def test_dry_run_end_to_end(tmp_path):
          "--skip-compile"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "Targets (issue 3)" in proc.stdout  # the table comes last
+    assert "\nTargets\n" in proc.stdout  # the summary comes last
     data = json.loads(out.read_text())
 
     assert {"meta", "ceiling", "gemms", "fused", "mlp", "cold_start", "targets"} <= data.keys()
@@ -83,17 +85,17 @@ def test_dry_run_end_to_end(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where cute cannot run")
 def test_rows_say_why_when_ours_cannot_run(tmp_path, monkeypatch):
-    from parallel_mlp import bench, bench_report
+    from parallel_mlp.bench import report, suite
 
     def broken_ceiling(ctx, n):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(bench, "bench_ceiling", broken_ceiling)
-    args = bench.apply_defaults(bench.parse_args(
+    monkeypatch.setattr(suite, "bench_ceiling", broken_ceiling)
+    args = suite.apply_defaults(suite.parse_args(
         ["--dry-run", "--configs", "swiglu:128", "--skip-compile", "--skip-cold-start",
          "--json", str(tmp_path / "b.json")]))
     args.backend = "cute"  # cannot run on the CPU: every row of ours must say so
-    results = bench.run_single(args)
+    results = suite.run_single(args)
 
     assert "cute" in results["meta"]["ours_unavailable"]
     assert all("unavailable" in row["ours"] for row in results["gemms"])
@@ -102,23 +104,24 @@ def test_rows_say_why_when_ours_cannot_run(tmp_path, monkeypatch):
     assert positive(results["mlp"][0]["variants"]["eager"]["ms"])
     assert results["ceiling"]["start"]["error"] == "RuntimeError: boom"
 
-    table = bench_report.format_tables(results)
+    table = report.format_tables(results)
     assert "cannot run here" in table and "n/a" in table and "RuntimeError: boom" in table
     assert json.loads((tmp_path / "b.json").read_text())["meta"]["backend"] == "cute"
 
 
 def test_cold_start_alone_with_its_breakdown_and_profile(tmp_path):
-    """--only cold-start runs that section alone; each run stamps its steps in order, and
+    """The cold command runs that section alone; each run stamps its steps in order, and
     PMLP_COLD_PROFILE_DIR keeps a cProfile of the warm (second) run."""
     out = tmp_path / "bench.json"
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PMLP_COLD_PROFILE_DIR=str(tmp_path))
     proc = subprocess.run(
-        [sys.executable, "-m", "parallel_mlp.bench", "--dry-run", "--only", "cold-start",
+        [sys.executable, "-m", "parallel_mlp.bench", "cold", "--dry-run",
          "--configs", "swiglu:128", "--json", str(out)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(out.read_text())
-    assert "gemms" not in data and "mlp" not in data
+    assert "gemms" not in data and "mlp" not in data and "ceiling" not in data
+    assert "ceiling:" not in proc.stdout
     steps = ("torch_import_s", "import_s", "cuda_init_s", "ready_s", "first_fwd_s", "first_fwd_bwd_s")
     cold = data["cold_start"]["torch"]
     for run in cold["runs"] + [cold["meta_build"]]:
@@ -130,48 +133,61 @@ def test_cold_start_alone_with_its_breakdown_and_profile(tmp_path):
     assert "fwd+bwd alone" in proc.stdout and "built on meta" in proc.stdout
 
 
-def cpu_ctx(iters: int, warmup: int):
-    from parallel_mlp import bench
+def cpu_ctx(iters: int, warmup: int, clock=None):
+    """A CPU context whose timing reads ``clock`` (a FakeClock: no test here measures real time)."""
+    from parallel_mlp.bench import harness
 
-    return bench.Ctx(device=torch.device("cpu"), dtype=torch.float32, tokens=1, d_model=1,
-                     configs=[], iters=iters, warmup=warmup, backend="torch",
-                     deadline=float("inf"))
+    ctx = harness.Ctx(device=torch.device("cpu"), dtype=torch.float32, tokens=1, d_model=1,
+                      configs=[], iters=iters, warmup=warmup, backend="torch",
+                      deadline=float("inf"))
+    if clock is not None:
+        ctx.clock = clock
+    return ctx
 
 
 def test_time_side_by_side_round_robin():
     """Each round calls every fn once, in order, on the same input set; warm-up rounds first;
     per fn the same result as time_calls."""
-    from parallel_mlp import bench
+    from parallel_mlp.bench import harness
 
-    ctx = cpu_ctx(iters=5, warmup=2)
+    clock = FakeClock()
+    ctx = cpu_ctx(iters=5, warmup=2, clock=clock)
     calls = []
-    fns = {name: (lambda i, name=name: calls.append((name, i))) for name in ("a", "b", "c")}
-    out = bench.time_side_by_side(ctx, fns, n_sets=3)
+
+    def fn(name):
+        def call(i):
+            calls.append((name, i))
+            clock.advance({"a": 2 ** -10, "b": 2 ** -9, "c": 0.0}[name])
+        return call
+
+    out = harness.time_side_by_side(ctx, {name: fn(name) for name in ("a", "b", "c")}, n_sets=3)
 
     rounds = [i % 3 for i in range(2)] + [i % 3 for i in range(5)]  # warm-up, then timed
     assert calls == [(name, i) for i in rounds for name in ("a", "b", "c")]
     assert list(out) == ["a", "b", "c"]
-    alone = bench.time_calls(ctx, lambda i: None, n_sets=3)
-    for res in out.values():
-        assert res.keys() == alone.keys()
-        assert res["iters"] == 5 and res["input_sets"] == 3
-        assert 0 <= res["min_ms"] <= res["ms"] <= res["max_ms"]
+    alone = harness.time_calls(ctx, lambda i: None, n_sets=3)
+    assert out["a"].keys() == alone.keys()
+    for name, ms in (("a", 1000 * 2 ** -10), ("b", 1000 * 2 ** -9), ("c", 0.0)):
+        assert out[name] == {"ms": ms, "min_ms": ms, "max_ms": ms, "iters": 5, "input_sets": 3}
 
 
 def test_time_side_by_side_times_each_fn_apart():
-    """A slow fn beside a fast one: each keeps its own time."""
-    import time
+    """A slow fn beside a fast one: each keeps its own time (the median of its calls)."""
+    from parallel_mlp.bench import harness
 
-    from parallel_mlp import bench
+    clock = FakeClock()
+    ctx = cpu_ctx(iters=3, warmup=0, clock=clock)
+    steps = iter([2 ** -6, 2 ** -5, 2 ** -6])  # the slow fn's three calls: 15.6, 31.3, 15.6 ms
 
-    ctx = cpu_ctx(iters=3, warmup=0)
-    out = bench.time_side_by_side(ctx, {"slow": lambda i: time.sleep(0.02), "fast": lambda i: None})
-    assert out["slow"]["min_ms"] >= 15 and out["fast"]["ms"] < 10
+    out = harness.time_side_by_side(
+        ctx, {"slow": lambda i: clock.advance(next(steps)), "fast": lambda i: None})
+    assert out["slow"]["ms"] == 1000 * 2 ** -6 and out["slow"]["max_ms"] == 1000 * 2 ** -5
+    assert out["fast"]["ms"] == 0.0
 
 
 def test_interleaved_failure_reaches_every_row():
     """When the interleaved measurement fails, every variant in it gets the error."""
-    from parallel_mlp import bench
+    from parallel_mlp.bench import harness
 
     ctx = cpu_ctx(iters=2, warmup=1)
 
@@ -179,58 +195,54 @@ def test_interleaved_failure_reaches_every_row():
         raise RuntimeError("boom")
 
     fns = {"cublas": lambda i: None, "ours": broken}
-    rows = bench.per_name(bench.attempt(ctx, "pair", bench.time_side_by_side, ctx, fns), fns)
+    rows = harness.per_name(harness.attempt(ctx, "pair", harness.time_side_by_side, ctx, fns), fns)
     assert rows == {name: {"error": "RuntimeError: boom"} for name in ("cublas", "ours")}
 
 
 def test_time_held_runs_each_fn_in_holds():
     """Held timing: each fn runs back to back for hold_s per turn, fns in turn, ctx.rounds turns;
     each keeps its own time, and the calls counted leave out the start of every hold."""
-    import time
+    from parallel_mlp.bench import harness
 
-    from parallel_mlp import bench
-
-    ctx = cpu_ctx(iters=3, warmup=1)
-    ctx.hold_s, ctx.rounds = 0.1, 2
+    clock = FakeClock()
+    ctx = cpu_ctx(iters=3, warmup=1, clock=clock)
+    ctx.hold_s, ctx.rounds = 2 ** -3, 2  # 125 ms turns
     order = []
+    slow = clock.call_taking(2 ** -6, order, "slow")  # 15.625 ms: 8 calls a turn
+    fast = clock.call_taking(2 ** -10, order, "fast")  # 0.9765625 ms: 128 calls a turn
 
-    def slow(i):
-        order.append("slow")
-        time.sleep(0.01)
-
-    def fast(i):
-        order.append("fast")
-
-    out = bench.time_side_by_side(ctx, {"slow": slow, "fast": fast})
+    out = harness.time_side_by_side(ctx, {"slow": slow, "fast": fast})
     # warm-up: one call of each; then two turns each, every turn a run of one fn's calls
     turns = [order[0]] + [b for a, b in zip(order, order[1:]) if a != b]
     assert turns == ["slow", "fast"] * 3
-    assert out["slow"]["min_ms"] >= 9 and out["fast"]["ms"] < 1
-    assert out["slow"]["hold_s"] == 0.1 and out["slow"]["rounds"] == 2
-    slow_calls = order.count("slow") - 1
-    assert 0 < out["slow"]["iters"] < slow_calls  # the settling part of each hold is left out
-    assert out["slow"]["min_ms"] <= out["slow"]["ms"] <= out["slow"]["max_ms"]
+    assert order.count("slow") == 1 + 2 * 8 and order.count("fast") == 1 + 2 * 128
+    for name, ms, calls in (("slow", 1000 * 2 ** -6, 8), ("fast", 1000 * 2 ** -10, 128)):
+        res = out[name]
+        assert res["ms"] == res["min_ms"] == res["max_ms"] == ms
+        assert res["hold_s"] == 2 ** -3 and res["rounds"] == 2
+        # the first quarter of every turn (the clock settling) is left out of the count
+        assert res["iters"] == 2 * (calls - calls // 4)
 
 
 @pytest.mark.parametrize("argv,message", [(["--hold-s", "-1"], "--hold-s -1: must be >= 0"),
                                           (["--rounds", "0"], "--rounds 0: must be >= 1")])
 def test_bad_timing_flags_are_refused(argv, message, capsys):
-    from parallel_mlp import bench
+    from parallel_mlp.bench import suite
 
     with pytest.raises(SystemExit):
-        bench.parse_args(argv)
+        suite.parse_args(argv)
     assert message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("hold_s", ["0", "0.05"])
 def test_tp_mode_on_two_gloo_ranks(tmp_path, hold_s):
-    """--tp under torchrun with two CPU ranks (gloo): both variants run, checked against each
+    """tp under torchrun with two CPU ranks (gloo): both variants run, checked against each
     other, timed call by call (--hold-s 0) or held in turns of a step count the ranks agree on."""
     out = tmp_path / "tp.json"
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "parallel_mlp.bench", "--tp", "--dry-run", "--configs", "swiglu:128,relu:64",
+         "-m", "parallel_mlp.bench", "tp", "--dry-run", "--configs", "swiglu:128,relu:64",
          "--hold-s", hold_s, "--json", str(out)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=180, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]

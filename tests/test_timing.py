@@ -1,24 +1,25 @@
-"""parallel_mlp.timing on the CPU: a hold calls back to back for its time (or its number of
-calls) and times every call; settled() leaves out the start of a hold."""
+"""parallel_mlp.bench.timing on the CPU, driven by a fake clock: a hold calls back to back until
+its time is up on that clock (or for its number of calls) and times every call; settled() leaves
+out the start of a hold."""
 
-import time
+from fake_clock import FakeClock
 
-from parallel_mlp.timing import HOLD_SETTLE, hold, hold_steps, settled
+from parallel_mlp.bench.timing import HOLD_SETTLE, hold, hold_steps, settled
 
 
 def test_hold_calls_back_to_back_and_times_each_call():
-    seen = []
+    clock, seen = FakeClock(), []
 
     def fn(i):
         seen.append(i)
-        time.sleep(0.005 if i % 2 else 0.0)
+        clock.advance(2 ** -8 if i % 2 else 2 ** -10)  # 3.90625 ms, 0.9765625 ms
 
-    t0 = time.monotonic()
-    times = hold(fn, 0.1, cuda=False)
-    elapsed = time.monotonic() - t0
-    assert seen == list(range(len(seen))) and len(times) == len(seen) > 5
-    assert 0.1 <= elapsed < 0.2  # stops once its time is up, after the call in flight
-    assert min(times[1::2]) >= 4.5 and max(times[0::2]) < 4.5  # each call timed on its own
+    times = hold(fn, 2 ** -5, cuda=False, clock=clock)  # 31.25 ms
+    # Pairs of calls take 4.8828125 ms: after 6 pairs 29.296875 ms have passed, call 12 ends at
+    # 30.2734375 and call 13, started before the 31.25 ms were up, at 34.1796875.
+    assert seen == list(range(14)) and len(times) == 14
+    assert clock() == 35 * 2 ** -10  # stops once its time is up, after the call in flight
+    assert times == [1000 * 2 ** -10, 1000 * 2 ** -8] * 7  # each call timed on its own
 
 
 def test_settled_leaves_out_the_start():
@@ -28,13 +29,13 @@ def test_settled_leaves_out_the_start():
 
 
 def test_hold_steps_makes_exactly_its_calls():
-    seen = []
+    clock, seen = FakeClock(), []
 
     def fn(i):
         seen.append(i)
-        time.sleep(0.003 if i == 2 else 0.0)
+        clock.advance(2 ** -9 if i == 2 else 0.0)
 
-    times = hold_steps(fn, 5, cuda=False)
-    assert seen == [0, 1, 2, 3, 4] and len(times) == 5
-    assert times[2] >= 2.5 and max(times[:2] + times[3:]) < 2.5
-    assert hold_steps(fn, 0, cuda=False) == []
+    times = hold_steps(fn, 5, cuda=False, clock=clock)
+    assert seen == [0, 1, 2, 3, 4]
+    assert times == [0.0, 0.0, 1000 * 2 ** -9, 0.0, 0.0]
+    assert hold_steps(fn, 0, cuda=False, clock=clock) == []

@@ -1,6 +1,7 @@
 """tools/gpu_run.sh, the one-call GPU check: its step list and its refusal of unknown steps (the
 steps themselves need a GPU)."""
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -19,9 +20,17 @@ def test_lists_every_step_with_its_command():
     r = run("--list")
     assert r.returncode == 0
     steps = [line.split()[0] for line in r.stdout.splitlines()]
-    assert steps == ["tests_kernels", "tests_layer", "tests_all", "prefetch", "epi16", "tiles192", "largek", "hints", "retime", "narrow", "streamk", "position", "bench_gemm", "sweep", "mlp", "profile", "cold", "clock", "full", "ncu"]
+    assert steps == ["tests_kernels", "tests_layer", "tests_all", "streamk", "gemm", "mlp", "sweep",
+                     "tp", "profile", "cold", "clock", "full", "ncu"]
     assert "pytest -q -m gpu tests/kernels" in r.stdout
-    assert "python3 -m parallel_mlp.bench" in r.stdout
+    commands = dict(line.split(None, 1) for line in r.stdout.splitlines())
+    assert "python3 -m parallel_mlp.bench sweep --json" in commands["sweep"]
+    assert "-m parallel_mlp.bench tp" in commands["tp"]
+    # every bench command a step names exists (the full run's step names none)
+    from parallel_mlp.bench.__main__ import COMMANDS
+
+    named = set(re.findall(r"parallel_mlp\.bench (\S+)", r.stdout))
+    assert named - {"--budget-s"} <= set(COMMANDS) and "configs" in named
 
 
 def test_unknown_step_and_no_step_are_refused():
@@ -32,8 +41,8 @@ def test_unknown_step_and_no_step_are_refused():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")
-def test_profile_step_needs_a_gpu():
-    from parallel_mlp import profile_step
+def test_profile_needs_a_gpu():
+    from parallel_mlp.bench import profile_step
 
     with pytest.raises(SystemExit, match="needs a CUDA GPU"):
         profile_step.main(["--steps", "1"])
@@ -77,7 +86,7 @@ def test_profile_step_kernel_table_counts_kernels_and_gaps_not_step_markers():
     schedule's GPU-side step markers (which span the step) left out of busy time and gaps."""
     from types import SimpleNamespace
 
-    from parallel_mlp import profile_step
+    from parallel_mlp.bench import profile_step
 
     cuda = torch.autograd.DeviceType.CUDA
 

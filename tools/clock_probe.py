@@ -10,8 +10,8 @@ number of cycles. This runs each workload back to back for --seconds, in turn, f
 sampling the SM clock and power through NVML in a thread, and prints per workload: ms per call,
 MHz, W, and kilocycles per call (ms x MHz), the part of the time that is the kernel's own.
 Each --also adds our plain dy@W2 and its dact at their default configs with those GemmConfig
-fields replaced (as bench_gemm's --also), to see what a tile, a cluster shape or an L2 policy
-does to the clock.
+fields replaced (as `python -m parallel_mlp.bench configs --also`), to see what a tile, a
+cluster shape or an L2 policy does to the clock.
 
 --mlp ACT:H runs whole MLP training steps instead (T=8192, d=4096, the bench's models and
 train_step): PyTorch eager, ours, ours with recompute (and torch.compile with --compile), each
@@ -71,7 +71,7 @@ def workloads(h: int, T: int = 8192, d: int = 4096, act: str = "swiglu", also=()
     import dataclasses
 
     from parallel_mlp.kernels import ops
-    from parallel_mlp.kernels.bench_gemm import _label
+    from parallel_mlp.bench.gemm_configs import _label
     from parallel_mlp.kernels.config import default_config
 
     bf = torch.bfloat16
@@ -99,10 +99,11 @@ def workloads(h: int, T: int = 8192, d: int = 4096, act: str = "swiglu", also=()
 
 def mlp_workloads(spec: str, compile_too: bool, T: int = 8192, d: int = 4096):
     """Training steps of the bench's MLP variants at one activation:hidden config."""
-    from parallel_mlp import bench
+    from parallel_mlp.activations import get_activation
+    from parallel_mlp.bench import models as bench
 
     ((act, h),) = bench.parse_configs(spec)
-    gated = bench.get_activation(act).gated
+    gated = get_activation(act).gated
     F = 2 * h if gated else h
     flops = bench.mlp_flops(T, d, act, h)
     bf = torch.bfloat16
@@ -133,7 +134,7 @@ def main(argv=None) -> int:
                    help="time MLP training steps (eager, ours, ours recompute) instead of GEMMs")
     p.add_argument("--compile", action="store_true", help="with --mlp: torch.compile's step too")
     args = p.parse_args(argv)
-    from parallel_mlp.kernels.bench_gemm import _parse_fields
+    from parallel_mlp.bench.gemm_configs import _parse_fields
 
     also = [_parse_fields(a) for a in args.also]
     if not torch.cuda.is_available():

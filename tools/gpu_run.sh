@@ -1,53 +1,29 @@
 #!/usr/bin/env bash
-# One device call that checks and times what a kernel change touches, so a 30-minute device
-# budget goes into measurements rather than machine starts. Run on the GPU host from the repo
-# root (after the device bundle's env.sh and `pip install -e .`); results go under $OUT.
+# One device call that checks and times what a change touches, so a 30-minute device budget goes
+# into measurements rather than machine starts. Run on the GPU host from the repo root (after the
+# device bundle's env.sh and `pip install -e .`); results go under $OUT.
 #
-#   bash tools/gpu_run.sh STEP [STEP ...]  in order; a device call may run 600 s at most, and
-#                                         tests_kernels alone compiles ~300 kernels (~6 min):
-#     tests_kernels  GPU tests of the kernels (incl. pingpong, dynamic, in-place dact)
+#   bash tools/gpu_run.sh STEP [STEP ...]  in order; a device call may run 600 s at most:
+#     tests_kernels  GPU tests of the kernels (compiles ~300 kernels: ~6 min, a call of its own)
 #     tests_layer    ParallelMLP on cute vs the fp64 reference, recompute, main_grad, and
 #                    the torch backend's CUDA paths (~1 min)
 #     tests_all      both of the above as 8 concurrent pytest shards (tools/pytest_shards.py):
 #                    compiling is most of their time and the host has 16 cores
-#     prefetch     the L2 prefetch option's GPU tests, and dact / accumulate timed with and
-#                  without it (l2_prefetch; also with dact_prefetch=2), h=14336 and h=7168
-#     epi16        the epi_n=16 / two-slot pingpong dact / 256x128 options: their GPU tests, then
-#                  the dact (h=7168, 14336) and the plain GEMMs timed against the defaults
-#     tiles192     the 192x128 pingpong tile's GPU tests (with 128x192's), then every GEMM held
-#                  at the default (128x192) beside 128x128, 192x128 c1x2 and raster group 8,
-#                  (h=14336 and 7168; ~6 min)
-#     largek       held, the N=4096 / large-K GEMMs (fc2, dx, dW1) and the dact at the default
-#                  beside cooperative 128x256 c2x1 (raster group 16 and 8) and pingpong 128x128,
-#                  at swiglu h=14336, h=7168 and gelu_tanh_approx h=16384 (~4 min)
-#     hints        GemmConfig(cache_hints=...): its GPU tests (bitwise twins), then held, at
-#                  the default ("normal") beside cache_hints none / stream / keep: every GEMM
-#                  at h=14336, dy@W2 (+dact) and dW2 at h=7168; and clock_probe's MHz / W (~4 min)
-#     bench_gemm   the six GEMMs + fused ops vs cuBLAS, h=14336 and h=7168
-#     sweep        the tuning candidates at raster groups 8 and 16 on the three biggest GEMMs,
-#                  and every GEMM with pingpong 128x128 c2x1 g16 / cooperative g16 beside it
-#     mlp          whole MLP fwd+bwd vs eager (no torch.compile, no cold start)
-#     profile      one MLP step's kernels and idle gaps, ours and eager (torch.profiler), and
-#                  where the host time of one launch goes
-#     cold         the cold start alone (a new process to its first fwd+bwd, ours and torch's)
-#     clock        tools/clock_probe.py: ms, SM clock, power and cycles per call (power-bound?)
-#     full         the whole parallel_mlp.bench (GEMMs, fused, MLP, cold start, torch.compile)
-#     ncu          ncu on profile_cases (five GEMMs; needs the Firecracker runtime's ncu)
-#     retime       every GEMM at h=14336 and 7168, held 1 s, at the default beside pingpong
-#                  128x128 and pingpong 128x192 (same cluster and raster group): the tile
-#                  choices sessions 5-6 made at 0.5 s turns (~7 min)
-#     narrow       the 128x160 pingpong tile: its GPU tests (bitwise twins of 128x128),
-#                  then held, fc1 and dy@W2 (+dact) at h=7168 (N = 14336 / 7168, where 192 leaves
-#                  a partial last wave) and dy@W2 at h=14336, beside the default (~4 min)
-#     streamk      stream-K (GemmConfig.stream_k): its GPU tests (reference, determinism, whole-tile
-#                  agreement), then held, the long-K GEMMs (fc2, dx, dW2, dW1) at h=14336 and 7168
-#                  beside the default (~5 min)
-#     position     three columns of the same kernel held in turn (dy@W2 +dact / plain, fc2, dx):
-#                  any spread between them is the timing protocol's, not the kernels' (~1 min)
+#     streamk        stream-K, the default where a GEMM's last wave is light: its GPU tests, then
+#                    the long-K GEMMs (fc2, dx, dW2, dW1) held with it forced on beside the
+#                    default, h=14336 and 7168 (~5 min)
+#     gemm           the MLP's GEMMs and fused ops against cuBLAS, three configs (~5 min)
+#     mlp            the whole MLP fwd+bwd against eager (no torch.compile, no cold start)
+#     sweep          the shape sweep: 30 shapes, ours against eager, torch.compile and quack,
+#                    its kernels compiled ahead; a JSON and heat maps (~8 min, a call of its own)
+#     tp             the MLP at TP=2 against Megatron-style eager (2 GPUs: nvidia-h200-x2)
+#     profile        one MLP step's kernels and idle gaps, ours and eager (torch.profiler), and
+#                    where the host time of one launch goes
+#     cold           the cold start alone (a new process to its first fwd+bwd, ours and torch's)
+#     clock          tools/clock_probe.py: ms, SM clock, power and cycles per call (power-bound?)
+#     full           the whole single-GPU bench (GEMMs, fused, MLP, cold start, torch.compile)
+#     ncu            ncu on five GEMMs (bench ncu-cases; needs the Firecracker runtime's ncu)
 #   bash tools/gpu_run.sh --list          print the commands, run nothing
-#
-# bench_gemm holds each column 1 s per turn since session 7 (timing.DEFAULT_HOLD_S; 0.5 s turns
-# measured the card's clock swing): its steps take about twice as long as their notes say.
 #
 # Each step runs under `timeout` and appends to $OUT/<step>.txt; a failing step does not stop
 # the others. The DSL and torch are byte-compiled first, as a pip install would leave them.
@@ -55,30 +31,24 @@ set -u
 OUT=${OUT:-/tmp/gpu_run_out}
 mkdir -p "$OUT"
 export PARALLEL_MLP_CACHE_DIR=${PARALLEL_MLP_CACHE_DIR:-/tmp/pmlp_cache}
+BENCH="python3 -m parallel_mlp.bench"
 
 declare -A CMD=(
   [tests_kernels]="timeout 540 python3 -m pytest -q -m gpu tests/kernels -k 'not selfcheck' -x"
   [tests_layer]="timeout 150 python3 -m pytest -q -m gpu tests/test_layer_gpu.py tests/test_backends.py -x"
   [tests_all]="timeout 540 python3 tools/pytest_shards.py 8 -m gpu tests/kernels tests/test_layer_gpu.py tests/test_backends.py -k 'not selfcheck'"
-  [prefetch]="timeout 240 python3 -m pytest -q -m gpu tests/kernels/test_l2_prefetch_gpu.py -x; for h in 14336 7168; do timeout 240 python3 -m parallel_mlp.kernels.bench_gemm --h \$h --only dpost,dW1,dW2 --also l2_prefetch=1 --also l2_prefetch=1,dact_prefetch=2; done"
-  [epi16]="timeout 200 python3 tools/pytest_shards.py 12 -m gpu tests/kernels/test_epi16_gpu.py; for h in 7168 14336; do timeout 240 python3 -m parallel_mlp.kernels.bench_gemm --h \$h --only dpost --also dact_prefetch=2,epi_n=16 --also epi_n=16 --also dact_prefetch=2; done; timeout 300 python3 -m parallel_mlp.kernels.bench_gemm --only fc1,fc2,dx,dW2,dW1 --also tile_m=256,tile_n=128,cluster_m=1,cluster_n=2,raster_group=8,consumers=cooperative,l2_prefetch=0,epi_n=16 --also epi_n=16"
-  [tiles192]="timeout 150 python3 tools/pytest_shards.py 14 -m gpu tests/kernels/test_tile192_gpu.py; for a in '--h 14336' '--h 7168'; do timeout 280 python3 -m parallel_mlp.kernels.bench_gemm \$a --also tile_n=128 --also tile_m=192,tile_n=128,cluster_m=1,cluster_n=2,epi_n=16 --also raster_group=8; done"
-  [largek]="coop=consumers=cooperative,tile_n=256,dact_prefetch=1,epi_n=32; for a in '--h 14336' '--h 7168' '--h 16384 --act gelu_tanh_approx'; do timeout 300 python3 -m parallel_mlp.kernels.bench_gemm \$a --only fc2,dx,dW1,dpost --also \$coop --also \$coop,raster_group=8 --also tile_n=128; done"
-  [hints]="timeout 150 python3 tools/pytest_shards.py 12 -m gpu tests/kernels/test_cache_hints_gpu.py; timeout 340 python3 -m parallel_mlp.kernels.bench_gemm --h 14336 --also cache_hints=none --also cache_hints=stream --also cache_hints=keep; timeout 200 python3 -m parallel_mlp.kernels.bench_gemm --h 7168 --only dpost,dW2 --also cache_hints=none --also cache_hints=stream --also cache_hints=keep; timeout 120 python3 tools/clock_probe.py --h 14336 --also cache_hints=none --also cache_hints=stream"
-  [bench_gemm]="timeout 240 python3 -m parallel_mlp.kernels.bench_gemm && timeout 180 python3 -m parallel_mlp.kernels.bench_gemm --h 7168"
-  [sweep]="timeout 560 python3 -m parallel_mlp.kernels.bench_gemm --sweep --only fc1,dx,dW1 --groups 8,16; timeout 400 python3 -m parallel_mlp.kernels.bench_gemm --also consumers=pingpong,tile_n=128,raster_group=16 --also raster_group=16"
-  [mlp]="timeout 200 python3 -m parallel_mlp.bench --only mlp --skip-compile --skip-cold-start --iters 15 --warmup 3 --budget-s 170 --json $OUT/mlp.json"
-  [profile]="timeout 200 python3 -m parallel_mlp.profile_step && timeout 150 python3 -m parallel_mlp.profile_step --h 7168 && timeout 60 python3 -m parallel_mlp.kernels.host_overhead"
-  [cold]="timeout 120 python3 -m parallel_mlp.bench --only cold-start --json $OUT/cold.json"
+  [streamk]="timeout 170 python3 tools/pytest_shards.py 12 -m gpu tests/kernels/test_stream_k_gpu.py; for h in 14336 7168; do timeout 150 $BENCH configs --h \$h --only fc2,dx,dW2,dW1 --also stream_k=1; done"
+  [gemm]="timeout 500 $BENCH gemm --budget-s 420 --json $OUT/gemm.json"
+  [mlp]="timeout 200 $BENCH mlp --skip-compile --iters 15 --warmup 3 --budget-s 170 --json $OUT/mlp.json"
+  [sweep]="timeout 580 $BENCH sweep --json $OUT/sweep.json --png $OUT/sweep.png"
+  [tp]="timeout 400 python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m parallel_mlp.bench tp --json $OUT/tp.json"
+  [profile]="timeout 200 $BENCH profile && timeout 150 $BENCH profile --h 7168 && timeout 60 $BENCH host"
+  [cold]="timeout 120 $BENCH cold --json $OUT/cold.json"
   [clock]="timeout 120 python3 tools/clock_probe.py --h 7168 && timeout 150 python3 tools/clock_probe.py --h 14336"
-  [retime]="for h in 14336 7168; do timeout 280 python3 -m parallel_mlp.kernels.bench_gemm --h \$h --also consumers=pingpong,tile_n=128 --also consumers=pingpong,tile_n=192; done"
-  [narrow]="timeout 200 python3 tools/pytest_shards.py 14 -m gpu tests/kernels/test_tile_narrow_gpu.py; timeout 200 python3 -m parallel_mlp.kernels.bench_gemm --h 7168 --only fc1,dpost --also tile_n=160; timeout 120 python3 -m parallel_mlp.kernels.bench_gemm --h 14336 --only dpost --also tile_n=160"
-  [streamk]="timeout 170 python3 tools/pytest_shards.py 12 -m gpu tests/kernels/test_stream_k_gpu.py; for h in 14336 7168; do timeout 150 python3 -m parallel_mlp.kernels.bench_gemm --h \$h --only fc2,dx,dW2,dW1 --also stream_k=1; done"
-  [position]="timeout 200 python3 -m parallel_mlp.kernels.bench_gemm --h 14336 --only dpost,fc2,dx --also cache_hints=normal --also cache_hints=normal"
-  [full]="timeout 570 python3 -m parallel_mlp.bench --budget-s 420 --json $OUT/bench.json"
-  [ncu]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 5 --launch-count 5 --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis python3 -m parallel_mlp.kernels.profile_cases"
+  [full]="timeout 570 $BENCH --budget-s 420 --json $OUT/bench.json --png $OUT/bench.png"
+  [ncu]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 5 --launch-count 5 --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis $BENCH ncu-cases"
 )
-ORDER=(tests_kernels tests_layer tests_all prefetch epi16 tiles192 largek hints retime narrow streamk position bench_gemm sweep mlp profile cold clock full ncu)
+ORDER=(tests_kernels tests_layer tests_all streamk gemm mlp sweep tp profile cold clock full ncu)
 
 steps=("$@")
 if [ ${#steps[@]} -eq 0 ]; then
@@ -86,7 +56,7 @@ if [ ${#steps[@]} -eq 0 ]; then
   exit 2
 fi
 if [ "${steps[0]}" = "--list" ]; then
-  for s in "${ORDER[@]}"; do printf '%-10s %s\n' "$s" "${CMD[$s]}"; done
+  for s in "${ORDER[@]}"; do printf '%-13s %s\n' "$s" "${CMD[$s]}"; done
   exit 0
 fi
 for s in "${steps[@]}"; do

@@ -19,9 +19,11 @@ def tuning(tmp_path, monkeypatch):
 
 def fake_timing(tuning, monkeypatch, fastest):
     """Candidates 'run' without a GPU; the one equal to `fastest` times quickest."""
+    from parallel_mlp.bench import timing
+
     seen = []
     monkeypatch.setattr(tuning, "_candidate_runner", lambda *a: seen.append)
-    monkeypatch.setattr(tuning, "median_ms_held",
+    monkeypatch.setattr(timing, "median_ms_held",
                         lambda fns, **kw: [0.5 if f.args[0] == fastest else 1.0 for f in fns])
     return seen
 

@@ -15,3 +15,40 @@ def test_mlp_keys_cover_the_six_gemms():
     # wgrads read a column-major a (dy.T, dpreact.T)
     assert all(k.a_major == "col" for k in keys if k.epilogue.kind == "accumulate")
     assert len(set(keys)) == len(keys)
+
+
+def test_mlp_keys_hold_recompute_s_plain_fc1_replay():
+    """Recompute replays fc1 in backward as a plain GEMM at fc1's config and operand layout."""
+    from parallel_mlp.kernels.warmup import mlp_keys
+
+    keys = mlp_keys(8192, 4096, 7168, "swiglu")
+    act = next(k for k in keys if k.epilogue.key == "act-swiglu")
+    assert any(k.epilogue.kind == "store" and k.config == act.config and
+               (k.a_major, k.b_major, k.d_dtype) == ("row", "row", "bfloat16") for k in keys)
+
+
+def test_shapes_list_is_parsed_and_refused_when_malformed(capsys):
+    from parallel_mlp.kernels.warmup import main, parse_shapes
+
+    assert parse_shapes("8192:4096:14336:swiglu, 1000:1024:512:gelu_tanh_approx") == [
+        (8192, 4096, 14336, "swiglu"), (1000, 1024, 512, "gelu_tanh_approx")]
+    for bad in ("8192:4096:swiglu", "8192:4096:0:swiglu", "a:b:c:swiglu"):
+        with pytest.raises(ValueError, match="expected T:d:h:activation"):
+            parse_shapes(bad)
+    with pytest.raises(ValueError, match="nope"):
+        parse_shapes("8:8:8:nope")
+    with pytest.raises(SystemExit):
+        main(["--shapes", "8192:4096:swiglu"])
+    assert "expected T:d:h:activation" in capsys.readouterr().err
+
+
+def test_shapes_compile_the_union_of_their_keys(monkeypatch):
+    from parallel_mlp.kernels import warmup
+
+    compiled = []
+    monkeypatch.setattr(warmup, "compile_keys",
+                        lambda keys, jobs: compiled.extend(keys) or [(True, 0.0, "")] * len(keys))
+    assert warmup.main(["--shapes", "8192:4096:7168:swiglu,8192:4096:7168:swiglu,512:1024:4096:relu",
+                        "--num-sms", "132"]) == 0
+    expected = warmup.mlp_keys(8192, 4096, 7168, "swiglu") + warmup.mlp_keys(512, 1024, 4096, "relu")
+    assert compiled == list(dict.fromkeys(expected))

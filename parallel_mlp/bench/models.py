@@ -1,0 +1,166 @@
+"""What the benchmarks compare: the MLP's configs and FLOPs, the eager PyTorch module a user
+would write, ParallelMLP holding the same weights, and one training step with its checks (first
+call, agreement with a reference, peak memory)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..activations import get_activation
+from ..layer import ParallelMLP
+from ..params import split_gate_up
+from .harness import Ctx, nbytes, rel_err
+
+
+def parse_configs(text: str) -> list[tuple[str, int]]:
+    """'swiglu:14336,gelu_tanh_approx:16384' -> [('swiglu', 14336), ('gelu_tanh_approx', 16384)]."""
+    configs = []
+    for item in text.split(","):
+        name, _, hidden = item.strip().partition(":")
+        get_activation(name)  # an unknown name fails here, with the list of valid ones
+        if not hidden.isdigit() or int(hidden) <= 0:
+            raise ValueError(f"--configs item {item!r}: expected activation:hidden, e.g. swiglu:14336")
+        configs.append((name, int(hidden)))
+    return configs
+
+
+def config_label(act: str, h: int) -> str:
+    return f"{act}:{h}"
+
+
+def fc1_features(act: str, h: int) -> int:
+    return 2 * h if get_activation(act).gated else h
+
+
+def mlp_flops(tokens: int, d: int, act: str, h: int) -> float:
+    """fwd+bwd = 3 x forward, forward = fc1 (2*T*d*F) + fc2 (2*T*h*d)."""
+    return 3.0 * (2 * tokens * d * fc1_features(act, h) + 2 * tokens * h * d)
+
+
+def eager_activation(name: str):
+    """The activation as a PyTorch user writes it: torch ops on bf16 tensors, gated halves taken
+    with chunk() (the layout plain modules use; any layout is the same math up to a permutation
+    of W1's rows)."""
+
+    def gated(f):
+        def apply(pre):
+            g, u = pre.chunk(2, dim=-1)
+            return f(g, u)
+        return apply
+
+    table = {
+        "gelu_tanh_approx": lambda x: F.gelu(x, approximate="tanh"),
+        "gelu": F.gelu,
+        "relu": F.relu,
+        "relu_sq": lambda x: F.relu(x).square(),
+        "swiglu": gated(lambda g, u: F.silu(g) * u),
+        "swiglu_oai": gated(lambda g, u: g * torch.sigmoid(1.702 * g) * (u + 1)),
+        "reglu": gated(lambda g, u: F.relu(g) * u),
+        "geglu": gated(lambda g, u: F.gelu(g, approximate="tanh") * u),
+        "geglu_erf": gated(lambda g, u: F.gelu(g) * u),
+        "glu": gated(lambda g, u: torch.sigmoid(g) * u),
+    }
+    return table[name]
+
+
+class EagerMLP(nn.Module):
+    """The PyTorch reference a user would write: x @ W1.T -> activation in torch ops -> @ W2.T,
+    differentiated by autograd. W1 in the chunked gate/up layout."""
+
+    def __init__(self, w1: torch.Tensor, w2: torch.Tensor, activation: str):
+        super().__init__()
+        self.w1 = nn.Parameter(w1)
+        self.w2 = nn.Parameter(w2)
+        self.act = eager_activation(activation)
+
+    def forward(self, x):
+        return self.act(x @ self.w1.t()) @ self.w2.t()
+
+
+def chunked_w1(w1: torch.Tensor, gated: bool) -> torch.Tensor:
+    """Our interleaved gated W1 -> the [gate rows; up rows] layout EagerMLP chunks, so that both
+    compute the same function and can check each other."""
+    return split_gate_up(w1).reshape(w1.shape).contiguous() if gated else w1.clone()
+
+
+def build_parallel_mlp(w1, w2, act: str, h: int, **kwargs) -> ParallelMLP:
+    """ParallelMLP holding the given weights (this rank's shards; TP = the default group's size,
+    1 without torch.distributed). Built on the meta device and materialized where the weights
+    are, so no time goes to drawing the default init on the CPU."""
+    d = w1.shape[1]
+    model = ParallelMLP(d, h, activation=act, device="meta", dtype=w1.dtype, **kwargs)
+    model = model.to_empty(device=w1.device)
+    with torch.no_grad():
+        model.fc1.weight.copy_(w1)
+        model.fc2.weight.copy_(w2)
+    return model
+
+
+def train_step(model: nn.Module, x: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    """One fwd+bwd as training runs it: fresh grads (zero_grad(set_to_none)), and dx, since an MLP
+    inside a network must return it. Returns the output."""
+    model.zero_grad(set_to_none=True)
+    x.grad = None
+    y = model(x)
+    y.backward(dy)
+    return y
+
+
+def clear_grads(model: nn.Module, xs) -> None:
+    model.zero_grad(set_to_none=True)
+    for x in xs:
+        x.grad = None
+
+
+def model_bytes(model: nn.Module) -> int:
+    return nbytes(*model.parameters(), *model.buffers())
+
+
+def first_step(ctx: Ctx, model: nn.Module, xs, dys, reference):
+    """The first call (compiles or loads kernels), timed, and a check of y and dx against the
+    reference: the first variant's outputs, which this call provides when there is none yet.
+    Returns (result, reference)."""
+    t0 = time.perf_counter()
+    y = train_step(model, xs[0], dys[0])
+    ctx.sync()
+    out = {"first_step_s": time.perf_counter() - t0}
+    if reference is None:
+        reference = (y.detach().clone(), xs[0].grad.clone())
+    else:
+        out["rel_err_y"] = rel_err(y, reference[0])
+        out["rel_err_dx"] = rel_err(xs[0].grad, reference[1])
+    clear_grads(model, xs)
+    return out, reference
+
+
+def step_peak_memory(ctx: Ctx, model: nn.Module, xs, dys, held_by_others: int = 0,
+                     steps: int = 2) -> dict:
+    """Peak memory of a few training steps of this model alone, after its first call (whose
+    one-time buffers stay out). A pass of its own because interleaved variants share the one peak
+    counter. ``held_by_others``: bytes of other variants' models that are alive meanwhile (built
+    for the interleaved timing), left out so that peak_mem_gb is what this variant needs alone."""
+    if not ctx.cuda:
+        return {}
+    clear_grads(model, xs)
+    ctx.sync()
+    torch.cuda.reset_peak_memory_stats(ctx.device)
+    before = torch.cuda.memory_allocated(ctx.device)
+    for i in range(steps):
+        train_step(model, xs[i % len(xs)], dys[i % len(dys)])
+    ctx.sync()
+    peak = torch.cuda.max_memory_allocated(ctx.device)
+    clear_grads(model, xs)
+    return {"peak_mem_gb": (peak - held_by_others) / 2 ** 30,
+            "peak_over_start_gb": (peak - before) / 2 ** 30}
+
+
+def prepare_mlp_variant(ctx: Ctx, model: nn.Module, xs, dys, reference, held_by_others: int = 0):
+    """Everything of a variant but its timing: first call, check, peak memory.
+    Returns (result, reference)."""
+    out, reference = first_step(ctx, model, xs, dys, reference)
+    out |= step_peak_memory(ctx, model, xs, dys, held_by_others)
+    return out, reference

@@ -1,0 +1,52 @@
+"""Launch a few of the MLP's GEMMs once each, after a warm-up pass, for a profiler to look at.
+
+    ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 5 --launch-count 5 \
+        --section SpeedOfLight --section WarpStateStats \
+        python -m parallel_mlp.bench ncu-cases
+
+The warm-up pass compiles (or loads) every kernel and launches each once; the second pass is the
+one to profile (`--launch-skip` = the number of cases). Shapes: T=8192, d=4096, h=14336, swiglu.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+
+def cases():
+    from ..kernels import ops
+    from ..kernels.config import GemmConfig
+
+    T, d, h = 8192, 4096, 14336
+    F = 2 * h
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def rand(*shape, scale=1.0):
+        return (torch.randn(*shape, device="cuda", generator=g) * scale).to(torch.bfloat16)
+
+    x, w1, dy = rand(T, d), rand(F, d, scale=d ** -0.5), rand(T, d)
+    w2, dpre, pre = rand(d, h, scale=h ** -0.5), rand(T, F), rand(T, F)
+    pingpong = GemmConfig(128, 128, consumers="pingpong")
+    return [
+        ("fc1 plain (B K-major)", lambda: ops.gemm(x, w1.t())),
+        ("dx dpre@W1 (B N-major, K=28672)", lambda: ops.gemm(dpre, w1)),
+        ("dpost dy@W2 plain (B N-major, K=4096)", lambda: ops.gemm(dy, w2)),
+        ("dpost dy@W2 + swiglu dact", lambda: ops.gemm_dact(dy, w2, pre, "swiglu")),
+        ("fc1 plain, pingpong 128x128", lambda: ops.gemm(x, w1.t(), config=pingpong)),
+    ]
+
+
+def main(argv=None) -> int:
+    argparse.ArgumentParser(prog="python -m parallel_mlp.bench ncu-cases",
+                            description=__doc__.split("\n")[0]).parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("ncu-cases needs a CUDA GPU")
+    todo = cases()
+    for _ in range(2):
+        for name, fn in todo:
+            fn()
+        torch.cuda.synchronize()
+    print("launched, in order:", "; ".join(name for name, _ in todo))
+    return 0

@@ -1,0 +1,347 @@
+"""The shape sweep: ours against PyTorch eager, torch.compile and quack at the shapes a
+pretraining run meets.
+
+    python -m parallel_mlp.bench sweep --json sweep.json --png sweep.png   # ~8 min on an H200
+    python -m parallel_mlp.bench sweep --quick     # four shapes, ~2 min
+    python -m parallel_mlp.bench sweep --estimate  # the plan and its time; runs nothing
+    python -m parallel_mlp.bench sweep --dry-run   # tiny shapes on the CPU (automatic without CUDA)
+
+For each shape of the grid (sweep_grid.py: 30 shapes over tokens per rank, model width and TP
+shard, swiglu and gelu_tanh_approx) and each variant, ours (default mode), ours (recompute),
+PyTorch eager, torch.compile and quack's MLP, one training step fwd+bwd: ms, TFLOP/s, its ratio
+to eager and to quack, and its peak memory above what was allocated before the step (the
+weights and inputs of every variant). The variants of a shape hold the same weights, are checked
+against eager's outputs, and are timed side by side, held (harness.time_held): each back to back
+for --hold-s seconds a turn, --rounds turns, as the single-GPU benchmark times them but with
+shorter and fewer turns so that 30 shapes fit one device call.
+
+Before anything is timed, our kernels for the whole grid compile in a process pool
+(kernels.warmup.compile_keys) and quack's in child processes beside it, so no timed shape pays
+for compiling. The plan's time is printed first; a shape that would end past --budget-s is
+skipped and its row says so. Prints a table, writes the JSON, and with --png draws heat maps of
+ours / eager and ours / quack over (T, d) (sweep_report.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import time
+from dataclasses import asdict
+
+import torch
+
+from . import quack_baseline, report, sweep_report
+from .harness import (
+    Ctx,
+    attempt,
+    check_timing_flags,
+    environment,
+    free_memory,
+    l2_bytes,
+    log,
+    probe_ours,
+    ratio,
+    start_watchdog,
+    unavailable,
+    without_cuda,
+)
+from .mlp import bench_mlp
+from .progress import Progress
+from .sweep_grid import DRY_RUN, GRID, QUICK, Shape
+from .timing import HOLD_QUEUE
+
+# The variants, in the order they are built and timed; eager first, the others' reference.
+VARIANTS = ("eager", "ours", "ours_recompute", "compile", "quack")
+# Turns: the single-GPU bench holds 1 s x 3 (timing.DEFAULT_HOLD_S: the card's clock seems to
+# swing with a period near a second; three turns of one kernel held 0.5 s each spread up to 6%,
+# held 1 s 0.6%). 30 shapes x 5 variants at that would take 450 s of holds alone; two turns of
+# 0.8 s fit the whole sweep, compiling included, in one device call of under 9 minutes.
+DEFAULT_HOLD_S = 0.8
+DEFAULT_ROUNDS = 2
+QUICK_HOLD_S = 0.5       # --quick: shorter turns still, which sample the swing (a few %)
+DEFAULT_BUDGET_S = 500.0  # a device call may run 600 s; leave time for the report and margin
+WATCHDOG_MARGIN_S = 60.0
+# Outputs further than this from eager's (relative, y or dx) mark the row: bf16 rounding of the
+# same function stays near 1e-2.
+AGREE_TOL = 3e-2
+
+# What the time estimate assumes, per part. Kernel compile: ~1.3 s each on the H200 host,
+# serially (kernels/NOTES.md); a spawned pool's workers first import the DSL. torch.compile:
+# its first graph of a process pays for inductor's start; later ones took 1.4-1.7 s at the
+# single-GPU bench's shapes (measured 2026-11-30, `python -m parallel_mlp.bench`). quack's
+# compile of its untuned kernels, one child process per activation, is not measured yet: a guess.
+STARTUP_S = 15.0
+POOL_START_S = 10.0
+KERNEL_S = 1.3
+QUACK_WARM_S = 60.0
+FIRST_COMPILE_S = 15.0
+COMPILE_S = 3.0
+SHAPE_SETUP_S = 1.0      # weights and inputs drawn, outputs checked
+STEP_RATE = 450e12       # FLOP/s of a step, below every variant's at large shapes
+STEP_FLOOR_S = 0.4e-3    # a step's launches and host time at small shapes
+REPORT_S = 5.0
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m parallel_mlp.bench sweep", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true",
+                   help=f"{len(QUICK)} shapes, {QUICK_HOLD_S:g} s turns (~2 min)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="tiny shapes, call by call; automatic when CUDA is absent")
+    p.add_argument("--estimate", action="store_true",
+                   help="print the plan and its time, run nothing")
+    p.add_argument("--hold-s", type=float, default=None,
+                   help=f"seconds each variant runs back to back per turn (default "
+                        f"{DEFAULT_HOLD_S:g}, --quick {QUICK_HOLD_S:g}; 0: call by call)")
+    p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
+                   help="held timing: turns per variant")
+    p.add_argument("--warmup", type=int, default=3, help="untimed calls of each variant first")
+    p.add_argument("--iters", type=int, default=10, help="timed calls when --hold-s is 0")
+    p.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
+                   help="shapes that would end past this many seconds are skipped")
+    p.add_argument("--json", default="sweep.json", help="where to write every number")
+    p.add_argument("--png", default=None, help="heat maps (needs matplotlib, the 'bench' extra)")
+    p.add_argument("--backend", default="cute", choices=["cute", "torch"],
+                   help="what 'ours' runs on (default cute)")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    p.add_argument("--skip-compile", action="store_true", help="no torch.compile baseline")
+    p.add_argument("--no-quack", action="store_true", help="no quack baseline")
+    p.add_argument("--quack-tuned", action="store_true",
+                   help="quack with its default tuned=True (autotunes each shape: needs far more "
+                        "time than the budget; see quack_baseline.py)")
+    p.add_argument("--no-warmup", action="store_true",
+                   help="do not compile the kernels ahead (they compile on first use instead)")
+    p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
+                   help="processes compiling our kernels ahead")
+    args = p.parse_args(argv)
+    check_timing_flags(p, args)
+    return args
+
+
+def apply_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    without_cuda(args, planning=args.estimate)  # --estimate plans the GPU run from anywhere
+    if args.hold_s is None:
+        args.hold_s = 0.0 if args.dry_run else QUICK_HOLD_S if args.quick else DEFAULT_HOLD_S
+    if args.dry_run:
+        args.iters = min(args.iters, 2)
+        args.warmup = min(args.warmup, 1)
+    return args
+
+
+def grid(args: argparse.Namespace) -> tuple[Shape, ...]:
+    return DRY_RUN if args.dry_run else QUICK if args.quick else GRID
+
+
+def variants(args: argparse.Namespace) -> list[str]:
+    skip = {"compile"} if args.skip_compile else set()
+    skip |= {"quack"} if args.no_quack else set()
+    return [v for v in VARIANTS if v not in skip]
+
+
+# ---- the plan and its time ------------------------------------------------------------------
+
+
+def step_s(shape: Shape) -> float:
+    return shape.flops / STEP_RATE + STEP_FLOOR_S
+
+
+def shape_s(shape: Shape, names, args: argparse.Namespace) -> float:
+    """Seconds one shape takes: per variant its untimed calls, first step and two steps of peak
+    memory, then its turns (each runs past its time by the steps queued, HOLD_QUEUE) or its
+    timed calls; torch.compile's compile on top."""
+    step = step_s(shape)
+    timed = (args.rounds * (args.hold_s + HOLD_QUEUE * step) if args.hold_s > 0
+             else args.iters * step)
+    per_variant = (args.warmup + 3) * step + timed
+    return SHAPE_SETUP_S + len(names) * per_variant + (COMPILE_S if "compile" in names else 0.0)
+
+
+def compile_ahead_s(n_kernels: int, warm_quack: bool, jobs: int) -> float:
+    """Our kernels in a pool of ``jobs`` processes, quack's in one child beside it."""
+    ours = POOL_START_S + KERNEL_S * n_kernels / max(1, min(jobs, n_kernels)) if n_kernels else 0.0
+    return max(ours, QUACK_WARM_S if warm_quack else 0.0)
+
+
+def estimate(shapes, names, args: argparse.Namespace, n_kernels: int, warm_quack: bool) -> dict:
+    """The plan's seconds. n_kernels: ours compiled ahead (0: none); warm_quack: quack's too,
+    else (when it runs) it compiles during the first shape."""
+    per_shape = [shape_s(s, names, args) for s in shapes]
+    first_use = FIRST_COMPILE_S if "compile" in names else 0.0
+    if "quack" in names and not warm_quack:
+        first_use += QUACK_WARM_S
+    parts = {"startup": STARTUP_S,
+             "compile_ahead": compile_ahead_s(n_kernels, warm_quack, args.jobs),
+             "shapes": sum(per_shape) + first_use, "report": REPORT_S}
+    return {"total_s": sum(parts.values()), "parts_s": parts, "per_shape_s": per_shape,
+            "kernels": n_kernels}
+
+
+def kernel_keys(shapes, dtype: str, num_sms: int) -> list:
+    """Every kernel ours runs on the grid, each once (kernels.warmup.mlp_keys per shape)."""
+    from ..kernels.warmup import mlp_keys
+
+    keys = [k for s in shapes
+            for k in mlp_keys(s.tokens, s.d, s.shard, s.act, dtype, num_sms=num_sms)]
+    return list(dict.fromkeys(keys))
+
+
+def plan_lines(shapes, names, args, plan: dict) -> list[str]:
+    p = plan["parts_s"]
+    timing = (f"held {args.hold_s:g} s x {args.rounds} turns per variant" if args.hold_s > 0
+              else f"call by call, {args.iters} calls per variant")
+    return [f"plan: {len(shapes)} shapes x {len(names)} variants ({', '.join(names)}), {timing}",
+            f"estimate: ~{plan['total_s']:.0f} s = startup {p['startup']:.0f} + compile ahead "
+            f"{p['compile_ahead']:.0f} ({plan['kernels']} kernels of ours) + shapes "
+            f"{p['shapes']:.0f} + report {p['report']:.0f}; budget {args.budget_s:.0f} s"]
+
+
+# ---- running it -----------------------------------------------------------------------------
+
+
+def compile_ahead(shapes, args, warm_ours: bool, warm_quack: bool, num_sms: int) -> dict:
+    """Our kernels for the whole grid in a pool; quack's beside it, a child process per activation
+    (kernels both need, the plain GEMMs, compile once: quack locks each on disk)."""
+    out = {}
+    acts = sorted({s.act for s in shapes}) if warm_quack else []
+    children = {act: quack_baseline.start_warm([act]) for act in acts}
+    t0 = time.monotonic()
+    if warm_ours:
+        from ..kernels.warmup import compile_keys
+
+        keys = kernel_keys(shapes, args.dtype, num_sms)
+        results = compile_keys(keys, args.jobs)
+        failed = [f"{key.name}: {msg}" for key, (ok, _, msg) in zip(keys, results) if not ok]
+        out["ours"] = {"kernels": len(keys), "failed": failed, "seconds": time.monotonic() - t0}
+        log(f"compiled {len(keys) - len(failed)}/{len(keys)} kernels of ours ahead in "
+            f"{out['ours']['seconds']:.0f} s")
+    for act, (child, output) in children.items():
+        try:
+            ok = child.wait(timeout=max(30.0, 2 * QUACK_WARM_S - (time.monotonic() - t0))) == 0
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+            ok = False
+        output.seek(0)
+        tail = output.read()[-1500:].decode(errors="replace")
+        output.close()
+        out[f"quack {act}"] = {"ok": ok, "seconds": time.monotonic() - t0,
+                               **({} if ok else {"output_tail": tail})}
+        log(f"quack's {act} kernels compiled ahead in {out[f'quack {act}']['seconds']:.0f} s"
+            + ("" if ok else " (failed: they compile on first use instead; see the JSON)"))
+    return out
+
+
+def sweep_row(ctx: Ctx, shape: Shape, names, quack_tuned: bool) -> dict:
+    """One shape: bench_mlp's variants with quack beside them, plus every variant's ratio to
+    quack and a flag where one disagrees with eager."""
+    ctx.tokens, ctx.d_model = shape.tokens, shape.d
+    extra = {}
+    if "quack" in names:
+        extra["quack"] = lambda w1, w2: quack_baseline.build(w1, w2, shape.act, shape.shard,
+                                                             tuned=quack_tuned)
+    out = bench_mlp(ctx, shape.act, shape.shard, names, extra)
+    v = out["variants"]
+    for res in v.values():
+        if isinstance(res, dict) and "ms" in res:
+            res["speedup_vs_quack"] = ratio(v.get("quack"), res)
+    disagree = [name for name, res in v.items() if isinstance(res, dict)
+                and max(res.get("rel_err_y", 0.0), res.get("rel_err_dx", 0.0)) > AGREE_TOL]
+    return {"variants": v, "recompute_ratio": out.get("recompute_ratio"), "disagree": disagree}
+
+
+def shape_record(shape: Shape) -> dict:
+    return asdict(shape) | {"label": shape.label, "shard": shape.shard, "flops": shape.flops}
+
+
+def run(args: argparse.Namespace) -> dict:
+    start = time.monotonic()
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
+        else torch.device("cpu")
+    ctx = Ctx(device=device, dtype=getattr(torch, args.dtype), tokens=0, d_model=0, configs=[],
+              iters=args.iters, warmup=args.warmup, backend=args.backend,
+              deadline=float("inf"), hold_s=args.hold_s, rounds=args.rounds, quiet=True)
+    ctx.l2_bytes = l2_bytes(device)
+    torch.manual_seed(0)
+    probe_ours(ctx)
+    shapes, names = grid(args), variants(args)
+    if "quack" in names:
+        mod, reason = quack_baseline.load()
+        if mod is None:
+            ctx.unavailable["quack"] = reason
+            log(f"quack: skipped: {reason}")
+    num_sms = (torch.cuda.get_device_properties(device).multi_processor_count if ctx.cuda
+               else 132)
+    warm_ours = ctx.cuda and ctx.backend == "cute" and ctx.ours is not None and not args.no_warmup
+    # quack compiles ahead only untuned: tuned, it compiles its candidates at each new shape.
+    warm_quack = ("quack" in names and "quack" not in ctx.unavailable and not args.no_warmup
+                  and not args.quack_tuned)
+    n_kernels = len(kernel_keys(shapes, args.dtype, num_sms)) if warm_ours else 0
+    runnable = [name for name in names if unavailable(ctx, name) is None]  # the others cost nothing
+    plan = estimate(shapes, runnable, args, n_kernels, warm_quack)
+    for line in plan_lines(shapes, names, args, plan):
+        log(line)
+    if args.quack_tuned and "quack" not in ctx.unavailable:
+        log("quack tuned: its autotuning at every shape is not in the estimate")
+
+    meta = environment(ctx) | {
+        "mode": "sweep", "dtype": args.dtype, "hold_s": args.hold_s, "rounds": args.rounds,
+        "warmup": args.warmup, "iters": args.iters, "dry_run": args.dry_run,
+        "quick": args.quick, "variants": names, "budget_s": args.budget_s, "estimate": plan,
+        "backend_note": getattr(args, "backend_note", None),
+        "quack": {"version": quack_baseline.version(), "tuned": args.quack_tuned,
+                  "unavailable": ctx.unavailable.get("quack")}}
+    results = {"meta": meta, "rows": []}
+
+    def save():
+        report.write_json(results, args.json)
+
+    def on_hang(msg: str):
+        results.setdefault("errors", []).append(msg)
+        save()
+        print(sweep_report.format_sweep(results), flush=True)
+
+    watchdog = start_watchdog(ctx, args.budget_s + WATCHDOG_MARGIN_S, on_hang)
+    if warm_ours or warm_quack:
+        results["compile_ahead"] = compile_ahead(shapes, args, warm_ours, warm_quack, num_sms)
+        save()
+
+    progress = Progress(len(shapes))
+    for i, shape in enumerate(shapes):
+        left = sum(plan["per_shape_s"][i:])
+        progress.update(i, shape.label, left)
+        row = shape_record(shape)
+        elapsed = time.monotonic() - start
+        if elapsed + plan["per_shape_s"][i] > args.budget_s:
+            row["skipped"] = f"over the time budget ({args.budget_s - elapsed:.0f} s left)"
+        else:
+            row |= attempt(ctx, f"sweep {shape.label}", sweep_row, ctx, shape, names,
+                           args.quack_tuned)
+        results["rows"].append(row)
+        save()
+        free_memory(ctx)
+    progress.update(len(shapes), "done")
+    progress.close()
+    results["meta"]["wall_s"] = time.monotonic() - start
+    save()
+    watchdog.cancel()
+    return results
+
+
+def main(argv=None) -> int:
+    args = apply_defaults(parse_args(argv))
+    if args.estimate:
+        shapes, names = grid(args), variants(args)
+        n_kernels = 0 if args.dry_run else len(kernel_keys(shapes, args.dtype, 132))
+        warm_quack = "quack" in names and not args.quack_tuned and not args.no_warmup
+        plan = estimate(shapes, names, args, n_kernels, warm_quack)
+        print("\n".join(plan_lines(shapes, names, args, plan)))
+        for shape, secs in zip(shapes, plan["per_shape_s"]):
+            print(f"  {secs:5.1f} s  {shape.label}")
+        return 0
+    results = run(args)
+    report.finish(results, args.json, args.png, sweep_report.write_heatmap,
+                  sweep_report.format_sweep)
+    return 0

@@ -1,0 +1,173 @@
+"""What the shape sweep writes besides its JSON: the printed table with its summary, and heat maps
+of ours / eager and ours / quack over (T, d). Pure functions of the results dict, so they work on
+partial results too."""
+
+from __future__ import annotations
+
+import math
+import textwrap
+
+from .report import Notes, num, run_lines, save_figure, table, timing_line
+
+VARIANT_NAMES = {"ours": "ours", "ours_recompute": "ours recompute", "eager": "eager",
+                 "compile": "torch.compile", "quack": "quack"}
+# Against whom ours' summary and heat maps compare it: (variant, key of ours' ratio, label).
+BASELINES = (("eager", "speedup_vs_eager", "eager"), ("compile", None, "torch.compile"),
+             ("quack", "speedup_vs_quack", "quack"))
+
+
+def _ms(m) -> float | None:
+    return m.get("ms") if isinstance(m, dict) else None
+
+
+def ours_over(row: dict, baseline: str) -> float | None:
+    """baseline's time / ours' (default mode) at this row: > 1 where ours is faster."""
+    v = row.get("variants", {})
+    ours, base = _ms(v.get("ours")), _ms(v.get(baseline))
+    return base / ours if ours and base else None
+
+
+def _header(results: dict) -> list[str]:
+    meta = results.get("meta", {})
+    lines = run_lines(meta, "parallel_mlp.bench sweep") + [timing_line(meta)]
+    quack = meta.get("quack") or {}
+    if quack.get("unavailable"):
+        lines.append(f"quack: skipped: {quack['unavailable']}")
+    elif "quack" in meta.get("variants", ()):
+        mode = "tuned=True (its default: autotuned per shape)" if quack.get("tuned") else \
+            "tuned=False (its heuristic config; ours is untuned too)"
+        lines.append(f"quack {quack.get('version')}: quack.mlp.MLP, {mode}")
+    lines.append("x eager, x quack: eager's (quack's) time / this variant's, > 1 where it is "
+                 "faster; step GB: the step's peak above what was allocated before it")
+    return lines
+
+
+def _rows(results: dict, notes: Notes) -> list[list[str]]:
+    rows = []
+    for r in results.get("rows", []):
+        label = r.get("label", "?")
+        if "variants" not in r:  # skipped, or failed before any variant ran
+            rows.append([label, "-", notes.cell(r)] + [""] * 5)
+            continue
+        first = True
+        for name, m in r["variants"].items():
+            errs = "-"
+            if isinstance(m, dict) and "rel_err_y" in m:
+                errs = f"{num(m['rel_err_y'], 2)}/{num(m['rel_err_dx'], 2)}"
+                if name in r.get("disagree", ()):
+                    errs += " !"
+            rows.append([label if first else "", VARIANT_NAMES.get(name, name), notes.cell(m),
+                         notes.cell(m, "tflops"), notes.cell(m, "speedup_vs_eager"),
+                         notes.cell(m, "speedup_vs_quack"), notes.cell(m, "peak_over_start_gb"),
+                         errs])
+            first = False
+    return rows
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in values) / len(values))
+
+
+def summary(results: dict) -> list[str]:
+    """Per baseline: the geometric mean of ours' ratios over the shapes, and the worst and best
+    shapes; recompute's cost; the rows whose outputs disagree with eager's."""
+    rows = [r for r in results.get("rows", []) if "variants" in r]
+    lines = ["", "Summary: ours (default mode) against each baseline, its time / ours, "
+             "over the shapes"]
+    for name, _, label in BASELINES:
+        pairs = [(x, r["label"]) for r in rows if (x := ours_over(r, name)) is not None]
+        if not pairs:
+            lines.append(f"  vs {label:14s} -")
+            continue
+        lo, hi = min(pairs), max(pairs)
+        lines.append(f"  vs {label:14s} geomean {geomean([x for x, _ in pairs]):.3f}x   "
+                     f"worst {lo[0]:.3f}x ({lo[1]})   best {hi[0]:.3f}x ({hi[1]})   "
+                     f"{len(pairs)} shapes")
+    rec = [r["recompute_ratio"] for r in rows if r.get("recompute_ratio")]
+    if rec:
+        lines.append(f"  recompute / default time: geomean {geomean(rec):.3f}, "
+                     f"{min(rec):.3f} to {max(rec):.3f}")
+    bad = [f"{r['label']}: {', '.join(r['disagree'])}" for r in rows if r.get("disagree")]
+    if bad:
+        lines += ["", "Outputs that disagree with eager's (marked '!'):"] + [f"  {b}" for b in bad]
+    return lines
+
+
+def format_sweep(results: dict) -> str:
+    notes = Notes()
+    lines = _header(results)
+    header = ["shape", "variant", "ms", "TF/s", "x eager", "x quack", "step GB", "err y/dx"]
+    lines += [""] + table(header, _rows(results, notes))
+    lines += summary(results)
+    for err in results.get("errors", []):
+        notes.cell({"error": err})
+    if notes.messages:
+        lines += ["", "Errors and skips"] + notes.lines()
+    return "\n".join(lines)
+
+
+# ---- heat maps --------------------------------------------------------------------------------
+
+
+def heat_cells(results: dict, activation: str, baseline: str) -> dict[tuple, tuple[float, int]]:
+    """(T, d) -> (the worst of ours' ratios to ``baseline`` over the shapes there, how many):
+    several TP shards can share a cell, and the worst is the one to look at."""
+    cells: dict[tuple[int, int], list[float]] = {}
+    for r in results.get("rows", []):
+        x = ours_over(r, baseline) if r.get("act") == activation else None
+        if x is not None:
+            cells.setdefault((r["tokens"], r["d"]), []).append(x)
+    return {key: (min(xs), len(xs)) for key, xs in cells.items()}
+
+
+def write_heatmap(results: dict, path: str) -> str:
+    """One panel per (baseline, activation): ours / eager and ours / quack over (T, d), coloured
+    about 1 (green: ours faster). Returns a line to log."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.colors import TwoSlopeNorm
+    except ImportError:
+        return "no heat map: matplotlib is not installed (pip install 'parallel-mlp[bench]')"
+    try:
+        rows = results.get("rows", [])
+        acts = list(dict.fromkeys(r["act"] for r in rows))
+        tokens = sorted({r["tokens"] for r in rows})
+        widths = sorted({r["d"] for r in rows})
+        baselines = [(name, label) for name, _, label in BASELINES if name != "compile"]
+        if not (acts and tokens and widths):
+            return "no heat map: no rows"
+        fig, axes = plt.subplots(len(baselines), len(acts), squeeze=False, layout="constrained",
+                                 figsize=(4.2 * len(acts) + 1.5, 3.6 * len(baselines) + 0.5))
+        norm = TwoSlopeNorm(vmin=0.7, vcenter=1.0, vmax=1.3)
+        quack_reason = (results.get("meta", {}).get("quack") or {}).get("unavailable")
+        for i, (name, label) in enumerate(baselines):
+            for j, act in enumerate(acts):
+                ax = axes[i][j]
+                cells = heat_cells(results, act, name)
+                grid = [[math.nan] * len(widths) for _ in tokens]
+                for (t, d), (x, n) in cells.items():
+                    grid[tokens.index(t)][widths.index(d)] = x
+                    text = f"{x:.2f}" + (f"\nworst of {n}" if n > 1 else "")
+                    ax.text(widths.index(d), tokens.index(t), text, ha="center", va="center",
+                            fontsize=7)
+                image = ax.imshow(grid, cmap="RdYlGn", norm=norm, origin="lower", aspect="auto")
+                ax.set_xticks(range(len(widths)), [str(d) for d in widths])
+                ax.set_yticks(range(len(tokens)), [str(t) for t in tokens])
+                if i == len(baselines) - 1:
+                    ax.set_xlabel("d (model width)")
+                if j == 0:
+                    ax.set_ylabel("T (tokens per rank)")
+                ax.set_title(f"{label} time / ours, {act}", fontsize=9)
+                if not cells and name == "quack" and quack_reason:
+                    text = "quack not measured:\n" + textwrap.fill(quack_reason[:120], 40)
+                    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center",
+                            fontsize=7)
+        fig.colorbar(image, ax=axes, shrink=0.8, label="> 1: ours faster (worst shard per cell)")
+        meta = results.get("meta", {})
+        fig.suptitle(f"parallel_mlp.bench sweep - {meta.get('device')} - {meta.get('dtype')} "
+                     f"fwd+bwd, ours default mode")
+        return save_figure(fig, path)
+    except Exception as e:  # noqa: BLE001 - a chart never costs the numbers
+        return f"no heat map: {type(e).__name__}: {e}"

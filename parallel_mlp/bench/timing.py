@@ -1,0 +1,144 @@
+"""Timing primitives: a function held (called back to back for a while, as training calls its
+kernels), functions held in turns or called round-robin, and the host time of a launch.
+
+An H200 at its 700 W cap sets its clock by the energy the running kernels spend per cycle, and
+settles over tens of milliseconds. Two kernels timed call by call, in turn, share one clock, so
+their ratio compares cycles; held, each runs at the clock its own power draw allows, which is
+what a training step sees.
+
+Used by the benchmarks and by the kernels' ``tuned=True`` (kernels/tuning.py times candidates
+with ``median_ms_held``); the library imports this module lazily, and it needs torch alone.
+The clock that ends a hold and times CPU calls is a parameter (``clock``, seconds, monotonic;
+default ``time.perf_counter``), so tests can drive it without sleeping.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+# Seconds since an arbitrary start, never going back: time.perf_counter, or a test's fake.
+Clock = Callable[[], float]
+
+# The host stays this many calls ahead of the GPU (it waits on the event of the call this far
+# back), so the queue never drains and never grows without bound.
+HOLD_QUEUE = 8
+# The first part of each hold is left out: the clock is still moving from the previous
+# workload's level to this one's.
+HOLD_SETTLE = 0.25
+# How long each variant is held per turn, by default. The card's clock seems to swing with a
+# period near a second: three columns of the SAME kernel held 0.5 s each in turn measured 1.47 /
+# 1.42 / 1.48 ms (a 4-6% spread on every GEMM tried); held 1 s they agreed within 0.6%, held
+# 1.5 s within 0.3% (measured 2026-11-30 on one H200: three columns of one config side by side,
+# `python -m parallel_mlp.bench configs --h 14336 --only dpost,fc2,dx --also cache_hints=normal
+# --also cache_hints=normal --hold-s S`). Shorter holds sample the swing's phase, not the kernel.
+DEFAULT_HOLD_S = 1.0
+
+
+def hold(fn: Callable[[int], object], seconds: float, cuda: bool = True,
+         clock: Clock = time.perf_counter) -> list[float]:
+    """Call ``fn(i)``, i = 0, 1, ..., back to back until ``seconds`` have passed on ``clock``
+    (the call in flight finishes); each call's ms, in order (CUDA events around each call on
+    CUDA, else two readings of ``clock``)."""
+    end_at = clock() + seconds
+    return _back_to_back(fn, lambda i: clock() < end_at, cuda, clock)
+
+
+def hold_steps(fn: Callable[[int], object], steps: int, cuda: bool = True,
+               clock: Clock = time.perf_counter) -> list[float]:
+    """``hold`` for a fixed number of calls: what ranks that must issue the same collectives
+    run, since each rank's clock would end a timed hold after its own number of calls."""
+    return _back_to_back(fn, lambda i: i < steps, cuda, clock)
+
+
+def _back_to_back(fn: Callable[[int], object], more: Callable[[int], bool], cuda: bool,
+                  clock: Clock) -> list[float]:
+    if not cuda:
+        times, i = [], 0
+        while more(i):
+            t0 = clock()
+            fn(i)
+            times.append((clock() - t0) * 1e3)
+            i += 1
+        return times
+    pairs, i = [], 0
+    while more(i):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(i)
+        end.record()
+        pairs.append((start, end))
+        if i >= HOLD_QUEUE:
+            pairs[i - HOLD_QUEUE][1].synchronize()
+        i += 1
+    torch.cuda.synchronize()
+    return [start.elapsed_time(end) for start, end in pairs]
+
+
+def settled(times: list[float]) -> list[float]:
+    """A hold's calls after its first HOLD_SETTLE (all of them when that would leave none)."""
+    return times[int(len(times) * HOLD_SETTLE):] or times
+
+
+def median_ms_held(fns, hold_s=None, rounds=3, warmup=1):
+    """Median times (ms) of several zero-argument CUDA functions, each held: run back to back for
+    `hold_s` in turn, for `rounds` turns. Each then runs at the clock its own power draw allows,
+    as in training, where median_ms_interleaved gives them one shared clock and so compares
+    cycles. A function's time is the median over its turns of each turn's median. `hold_s`
+    defaults to DEFAULT_HOLD_S."""
+    hold_s = DEFAULT_HOLD_S if hold_s is None else hold_s
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    torch.cuda.synchronize()
+    turns = [[] for _ in fns]
+    for _ in range(rounds):
+        for fn, out in zip(fns, turns):
+            out.append(statistics.median(settled(hold(lambda i, fn=fn: fn(), hold_s))))
+    return [statistics.median(t) for t in turns]
+
+
+def median_ms_interleaved(fns, reps=10, warmup=1):
+    """Median CUDA-event times (ms) of several functions, after `warmup` untimed rounds (the
+    first call also compiles), called round-robin: f0, f1, ..., f0, f1, ... so that each sees
+    the same clocks: a comparison of cycles (see the module's docstring).
+
+    Events around every call, one synchronize at the end: the host runs ahead and keeps the
+    queue full, so each event pair brackets the kernel, not the Python that launches it. (A
+    synchronize per call would let the GPU idle while the next call's host side runs and add
+    that launch overhead, ~0.1 ms for ours vs ~0.01 ms for torch.mm, to every sample.)"""
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    torch.cuda.synchronize()
+    pairs = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+             for _ in fns]
+    for r in range(reps):
+        for fn, ev in zip(fns, pairs):
+            ev[r][0].record()
+            fn()
+            ev[r][1].record()
+    torch.cuda.synchronize()
+    out = []
+    for ev in pairs:
+        times = sorted(s.elapsed_time(e) for s, e in ev)
+        out.append(times[len(times) // 2])
+    return out
+
+
+def host_us_per_call(fn, calls=200, warmup=3, clock: Clock = time.perf_counter):
+    """Host wall time per call in µs over back-to-back calls of a tiny op: the launch overhead
+    (Python, argument conversion, the launch itself), which the GPU waits for whenever the
+    queue is empty, e.g. after a synchronize or with small per-rank shapes."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    t0 = clock()
+    for _ in range(calls):
+        fn()
+    t1 = clock()
+    torch.cuda.synchronize()
+    return (t1 - t0) / calls * 1e6

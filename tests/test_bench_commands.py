@@ -1,0 +1,59 @@
+"""The GPU timing commands' command lines (CPU): `configs --also FIELD=VALUE` parsing and its
+refusal of what is not a GemmConfig field, and the message of the GPU-only commands without a GPU."""
+
+import pytest
+import torch
+
+from parallel_mlp.bench.gemm_configs import _label, _parse_fields
+
+
+def test_also_fields_are_typed_like_the_config():
+    fields = _parse_fields("l2_prefetch=1,dact_prefetch=2,consumers=pingpong,max_stages=5")
+    assert fields == {"l2_prefetch": True, "dact_prefetch": 2, "consumers": "pingpong", "max_stages": 5}
+    assert _parse_fields("l2_prefetch=0") == {"l2_prefetch": False}
+    assert _label(fields) == "l2_prefetch=True,dact_prefetch=2,consumers=pingpong,max_stages=5"
+
+
+@pytest.mark.parametrize("bad", ["tile=128", "l2_prefetch", "max_stages=", "l2_prefetch=1,nope=2"])
+def test_also_refuses_what_is_not_field_equals_value(bad):
+    with pytest.raises(SystemExit, match="is not FIELD=VALUE with a GemmConfig field"):
+        _parse_fields(bad)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")
+@pytest.mark.parametrize("command,argv", [("host", ["--calls", "1"]), ("configs", ["--T", "128"]),
+                                          ("ncu-cases", [])])
+def test_gpu_only_commands_say_so(command, argv):
+    from parallel_mlp.bench.__main__ import main
+
+    with pytest.raises(SystemExit, match=f"{command} needs a CUDA GPU"):
+        main([command, *argv])
+
+
+def test_help_lists_every_command(capsys):
+    from parallel_mlp.bench.__main__ import COMMANDS, main
+
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"  {name} " in out for name in COMMANDS)
+    assert "With no command" in out
+
+
+def test_no_command_runs_the_full_suite_and_flags_pass_through(monkeypatch):
+    from parallel_mlp.bench import __main__ as entry
+    from parallel_mlp.bench import suite
+
+    seen = []
+    monkeypatch.setattr(suite, "main", lambda argv, command: seen.append((command, argv)) or 0)
+    assert entry.main([]) == 0
+    assert entry.main(["--dry-run", "--json", "x.json"]) == 0
+    assert entry.main(["mlp", "--skip-compile"]) == 0
+    assert seen == [("full", []), ("full", ["--dry-run", "--json", "x.json"]),
+                    ("mlp", ["--skip-compile"])]
+
+
+def test_unknown_command_is_refused(capsys):
+    from parallel_mlp.bench.__main__ import main
+
+    assert main(["nope"]) == 2
+    assert "unknown command 'nope'" in capsys.readouterr().err

@@ -1,0 +1,322 @@
+"""The shape sweep on the CPU: its grid, its time plan, its table, JSON and heat maps, quack's
+driver (missing, patched, refused off its fused path), and a dry run end to end."""
+
+import importlib.util
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from parallel_mlp.bench import quack_baseline, sweep, sweep_report
+from parallel_mlp.bench.progress import Progress
+from parallel_mlp.bench.sweep_grid import (
+    ACTIVATIONS,
+    DRY_RUN,
+    GRID,
+    MAX_T_TIMES_D,
+    QUICK,
+    TOKENS,
+    TP_SIZES,
+    WIDTHS,
+    Shape,
+    global_hidden,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+# ---- the grid --------------------------------------------------------------------------------
+
+
+def test_global_hidden_follows_the_recipes():
+    # Llama-style 8/3 d rounded up to 256: Llama 2 7B's 11008, 13B's 13824
+    assert [global_hidden(d, "swiglu") for d in WIDTHS] == [2816, 5632, 11008, 13824, 22016]
+    assert [global_hidden(d, "gelu_tanh_approx") for d in WIDTHS] == [4 * d for d in WIDTHS]
+
+
+def test_shards_split_the_global_hidden_size():
+    s = Shape(8192, 4096, "swiglu", tp=8)
+    assert (s.hidden, s.shard) == (11008, 1376)
+    assert Shape(512, 1024, "gelu_tanh_approx", tp=8).shard == 512
+    assert Shape(8192, 4096, "swiglu", hidden=14336).shard == 14336
+    with pytest.raises(ValueError, match="not divisible by TP 3"):
+        Shape(8192, 4096, "swiglu", tp=3)
+    assert s.label == "T=8192 d=4096 swiglu h=1376 (TP8 of 11008)"
+    assert s.flops == 3 * (2 * 8192 * 4096 * 2 * 1376 + 2 * 8192 * 1376 * 4096)
+
+
+def test_grid_covers_every_axis_in_about_30_shapes():
+    assert len(GRID) == 30 and len(set(GRID)) == 30
+    assert {s.tokens for s in GRID} == set(TOKENS)
+    assert {s.d for s in GRID} == set(WIDTHS)
+    assert {s.tp for s in GRID} == set(TP_SIZES)
+    assert {s.act for s in GRID} == set(ACTIVATIONS)
+    for act in ACTIVATIONS:  # each activation meets the extremes of T and d
+        mine = [s for s in GRID if s.act == act]
+        assert {min(TOKENS), max(TOKENS)} <= {s.tokens for s in mine}
+        assert {min(WIDTHS), max(WIDTHS)} <= {s.d for s in mine}
+    # the common shards at T=8192: d=4096 swiglu at every TP size
+    assert {s.tp for s in GRID if (s.tokens, s.d, s.act, s.model) == (8192, 4096, "swiglu", "")} \
+        == set(TP_SIZES)
+    assert set(QUICK) <= set(GRID) and GRID[0] == QUICK[0]
+
+
+@pytest.mark.parametrize("shape", GRID + DRY_RUN, ids=lambda s: s.label)
+def test_every_shape_is_aligned_and_bounded(shape):
+    assert shape.tokens * shape.d <= MAX_T_TIMES_D
+    assert shape.shard * shape.tp == shape.hidden
+    assert shape.d % 64 == 0 and shape.shard % 8 == 0  # 16-byte bf16 rows everywhere
+    if not shape.model:
+        assert shape.hidden == global_hidden(shape.d, shape.act)
+    if shape.act == "swiglu":
+        assert shape.hidden % 256 == 0 and shape.shard % (256 // shape.tp) == 0
+
+
+# ---- the plan --------------------------------------------------------------------------------
+
+
+def plan_for(argv):
+    args = sweep.apply_defaults(sweep.parse_args(["--estimate", *argv]))
+    shapes, names = sweep.grid(args), sweep.variants(args)
+    n_kernels = len(sweep.kernel_keys(shapes, args.dtype, 132))
+    return args, sweep.estimate(shapes, names, args, n_kernels, warm_quack=True)
+
+
+def test_the_default_sweep_fits_one_device_call():
+    args, plan = plan_for(["-j", "16"])
+    assert args.hold_s == sweep.DEFAULT_HOLD_S and args.rounds == sweep.DEFAULT_ROUNDS
+    assert plan["total_s"] < 9 * 60 and plan["total_s"] < args.budget_s + 60
+    assert len(plan["per_shape_s"]) == 30 and plan["kernels"] > 30
+    # holds are most of it: 30 shapes x 5 variants x 2 turns
+    assert plan["parts_s"]["shapes"] > 30 * 5 * 2 * args.hold_s
+
+
+def test_quick_is_about_two_minutes():
+    args, plan = plan_for(["--quick", "-j", "16"])
+    assert args.hold_s == sweep.QUICK_HOLD_S
+    assert plan["total_s"] < 150
+
+
+def test_estimate_prints_the_plan(capsys):
+    assert sweep.main(["--estimate", "--quick"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"plan: {len(QUICK)} shapes x 5 variants")
+    assert "estimate: ~" in out and QUICK[0].label in out
+
+
+def test_variants_follow_the_flags():
+    args = sweep.parse_args(["--skip-compile", "--no-quack"])
+    assert sweep.variants(args) == ["eager", "ours", "ours_recompute"]
+
+
+def test_bad_flags_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        sweep.parse_args(["--hold-s", "-1"])
+    assert "--hold-s -1: must be >= 0" in capsys.readouterr().err
+
+
+# ---- the report ------------------------------------------------------------------------------
+
+
+def fake_results(quack_reason=None):
+    """Two swiglu shards sharing a (T, d) cell, a gelu shape, a skipped shape."""
+    def row(shape, ours, eager, quack, disagree=()):
+        variants = {"eager": {"ms": eager}, "ours": {"ms": ours, "rel_err_y": 0.004,
+                                                     "rel_err_dx": 0.005},
+                    "ours_recompute": {"ms": ours * 1.2}, "compile": {"ms": eager * 0.95},
+                    "quack": {"unavailable": quack_reason} if quack_reason else {"ms": quack}}
+        for v in variants.values():
+            if "ms" in v:
+                v["speedup_vs_eager"] = eager / v["ms"]
+        return sweep.shape_record(shape) | {"variants": variants, "recompute_ratio": 1.2,
+                                            "disagree": list(disagree)}
+
+    rows = [row(Shape(8192, 4096, "swiglu", 1), 10.0, 11.0, 10.5),
+            row(Shape(8192, 4096, "swiglu", 2), 5.0, 5.2, 4.5, disagree=["quack"]),
+            row(Shape(512, 1024, "gelu_tanh_approx", 8), 0.2, 0.19, 0.25),
+            sweep.shape_record(Shape(65536, 2048, "swiglu", 8))
+            | {"skipped": "over the time budget (3 s left)"}]
+    meta = {"device": "NVIDIA H200", "dtype": "bfloat16", "backend": "cute", "hold_s": 0.8,
+            "rounds": 2, "variants": list(sweep.VARIANTS),
+            "quack": {"version": "0.6.5", "tuned": False, "unavailable": quack_reason}}
+    return {"meta": meta, "rows": rows}
+
+
+def test_table_has_every_variant_and_the_summary():
+    text = sweep_report.format_sweep(fake_results())
+    assert "held, each compared variant back to back for 0.8 s per turn, 2 turns" in text
+    assert "quack 0.6.5: quack.mlp.MLP, tuned=False" in text
+    for name in ("ours recompute", "torch.compile", "quack"):
+        assert name in text
+    assert "T=8192 d=4096 swiglu h=5504 (TP2 of 11008)" in text
+    assert "skip1" in text and "over the time budget (3 s left)" in text
+    # eager / ours: 1.1, 1.04, 0.95 -> worst 0.95 at the gelu shape
+    assert "vs eager          geomean 1.028x   worst 0.950x (T=512 d=1024 gelu_tanh_approx" in text
+    assert "vs quack          geomean" in text and "3 shapes" in text
+    assert "Outputs that disagree with eager's" in text and "h=5504 (TP2 of 11008): quack" in text
+
+
+def test_quack_missing_says_so_in_the_table_and_cells():
+    text = sweep_report.format_sweep(fake_results(quack_reason="quack-kernels is not installed"))
+    assert "quack: skipped: quack-kernels is not installed" in text
+    assert "vs quack          -" in text
+    assert sweep_report.heat_cells(fake_results("x"), "swiglu", "quack") == {}
+
+
+def test_heat_cells_keep_the_worst_shard_of_a_cell():
+    cells = sweep_report.heat_cells(fake_results(), "swiglu", "eager")
+    assert cells == {(8192, 4096): (pytest.approx(5.2 / 5.0), 2)}  # 1.04 beats 1.1 as the worst
+    cells = sweep_report.heat_cells(fake_results(), "swiglu", "quack")
+    assert cells[(8192, 4096)] == (pytest.approx(0.9), 2)
+    assert sweep_report.heat_cells(fake_results(), "gelu_tanh_approx", "eager") == {
+        (512, 1024): (pytest.approx(0.95), 1)}
+
+
+def test_heat_map_is_drawn(tmp_path):
+    pytest.importorskip("matplotlib")
+    for reason in (None, "quack-kernels is not installed"):
+        path = tmp_path / f"sweep-{reason is None}.png"
+        assert sweep_report.write_heatmap(fake_results(reason), str(path)) == f"wrote {path}"
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_progress_bar_redraws_on_a_terminal_and_writes_lines_elsewhere():
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    clock = iter([0.0, 5.0, 12.0]).__next__
+    log = io.StringIO()
+    bar = Progress(4, stream=log, width=8, clock=clock)
+    bar.update(1, "shape b", left_s=30)
+    bar.update(4, "done")
+    assert log.getvalue().splitlines() == ["[##------] 1/4    5 s, ~30 s left  shape b",
+                                           "[########] 4/4   12 s  done"]
+    tty = Tty()
+    bar = Progress(2, stream=tty, width=4, clock=lambda: 0.0)
+    bar.update(1, "a")
+    bar.close()
+    assert tty.getvalue() == "\r\033[K[##--] 1/2    0 s  a\n"
+
+
+# ---- quack -----------------------------------------------------------------------------------
+
+
+def test_quack_missing_is_a_reason_not_an_error(monkeypatch):
+    monkeypatch.setattr(quack_baseline, "installed", lambda: False)
+    mod, reason = quack_baseline._import()
+    assert mod is None
+    assert reason == "quack-kernels is not installed (pip install quack-kernels==0.6.5)"
+    monkeypatch.setattr(quack_baseline, "_loaded", (None, reason))
+    w = torch.zeros(16, 16)
+    with pytest.raises(RuntimeError, match="not installed"):
+        quack_baseline.build(w, w, "swiglu", 8)
+
+
+def fake_identity():
+    """A stand-in for quack.gemm_runtime.identity: a fail-closed keyer that recurses through the
+    module's global name, as quack's does."""
+    module = SimpleNamespace()
+
+    def semantic_value_key(value, seen):
+        if value is None or isinstance(value, (int, float, str)):
+            return value
+        if isinstance(value, tuple):
+            return ("tuple", tuple(module.semantic_value_key(v, seen) for v in value))
+        raise TypeError(f"no fail-closed semantic key for {value!r}")
+
+    module.semantic_value_key = semantic_value_key
+    return module
+
+
+class Opaque:
+    def __repr__(self):
+        return "Opaque(3)"
+
+
+def test_quack_patch_keys_what_quack_cannot_and_leaves_the_rest():
+    identity = fake_identity()
+    with pytest.raises(TypeError):
+        identity.semantic_value_key((1, Opaque()), set())
+    assert quack_baseline.patch_semantic_value_key(identity) is True
+    assert quack_baseline.patch_semantic_value_key(identity) is False  # once only
+    key = identity.semantic_value_key
+    assert key((1, "a"), set()) == ("tuple", (1, "a"))  # keyable values keep quack's key
+    # an unkeyable value nested in a tuple is keyed by its type and repr, the tuple as before
+    assert key((1, Opaque()), set()) == ("tuple", (1, ("unkeyed", __name__, "Opaque", "Opaque(3)")))
+    hash(key((1, Opaque()), set()))
+
+
+def test_quack_runs_only_on_its_fused_path():
+    bf = torch.bfloat16
+    w1, w2 = torch.zeros(2 * 64, 64, dtype=bf), torch.zeros(64, 64, dtype=bf)
+    assert "on cpu" in quack_baseline.off_fused_path(w1, w2, "swiglu")
+    assert "no fused geglu_erf" in quack_baseline.off_fused_path(w1, w2, "geglu_erf")
+
+
+def test_quack_takes_our_interleaved_w1_as_it_is(monkeypatch):
+    """quack's gated fc1 rows are (gate, up) pairs, like ours: build copies W1 without a
+    permutation. A stand-in for quack.mlp.MLP, since quack needs CUDA."""
+    made = {}
+
+    class MLP(torch.nn.Module):
+        def __init__(self, d, h, d_out, activation, device, dtype, tuned):
+            super().__init__()
+            made.update(activation=activation, tuned=tuned)
+            self.fc1 = torch.nn.Linear(d, 2 * h, bias=False, device=device, dtype=dtype)
+            self.fc2 = torch.nn.Linear(h, d_out, bias=False, device=device, dtype=dtype)
+
+    monkeypatch.setattr(quack_baseline, "_loaded", (SimpleNamespace(MLP=MLP), None))
+    monkeypatch.setattr(quack_baseline, "off_fused_path", lambda w1, w2, act: None)
+    w1, w2 = torch.randn(2 * 32, 64), torch.randn(64, 32)
+    model = quack_baseline.build(w1, w2, "swiglu", 32)
+    assert torch.equal(model.fc1.weight, w1) and torch.equal(model.fc2.weight, w2)
+    assert made == {"activation": "swiglu", "tuned": False}
+
+
+# ---- end to end ------------------------------------------------------------------------------
+
+
+def test_budget_skips_shapes_and_says_so(tmp_path):
+    args = sweep.apply_defaults(sweep.parse_args(
+        ["--dry-run", "--skip-compile", "--budget-s", "0", "--json", str(tmp_path / "s.json")]))
+    results = sweep.run(args)
+    assert len(results["rows"]) == len(DRY_RUN)
+    assert all(r["skipped"].startswith("over the time budget") for r in results["rows"])
+    assert "skip1" in sweep_report.format_sweep(results)
+
+
+@pytest.mark.skipif(quack_baseline.installed(), reason="checks the line shown without quack")
+def test_dry_run_end_to_end(tmp_path):
+    out, png = tmp_path / "sweep.json", tmp_path / "sweep.png"
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run(
+        [sys.executable, "-m", "parallel_mlp.bench", "sweep", "--dry-run", "--skip-compile",
+         "--json", str(out), "--png", str(png)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "quack: skipped: quack-kernels is not installed" in proc.stderr
+    assert "estimate: ~" in proc.stderr and f"{len(DRY_RUN)}/{len(DRY_RUN)}" in proc.stderr
+    assert "quack: skipped: quack-kernels is not installed" in proc.stdout  # the table's header
+    data = json.loads(out.read_text())
+    assert data["meta"]["mode"] == "sweep" and data["meta"]["dry_run"] is True
+    assert data["meta"]["quack"]["unavailable"].startswith("quack-kernels is not installed")
+    assert [r["label"] for r in data["rows"]] == [s.label for s in DRY_RUN]
+    for row in data["rows"]:
+        v = row["variants"]
+        for name in ("eager", "ours", "ours_recompute"):
+            assert v[name]["ms"] > 0 and v[name]["tflops"] > 0 and v[name]["speedup_vs_eager"] > 0
+        for name in ("ours", "ours_recompute"):  # the torch backend here: eager's function
+            assert v[name]["rel_err_y"] < 2e-2 and v[name]["rel_err_dx"] < 2e-2
+        assert "unavailable" in v["quack"] and row["disagree"] == []
+    assert "Summary: ours (default mode)" in proc.stdout
+    if importlib.util.find_spec("matplotlib") is None:
+        assert "no heat map: matplotlib is not installed" in proc.stderr
+    else:
+        assert png.read_bytes()[:4] == b"\x89PNG"
