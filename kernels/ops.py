@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import struct
 import functools
 import importlib.util
 from typing import Optional
@@ -95,9 +96,9 @@ def unsupported_reason(*tensors, dtype=None, device=None) -> Optional[str]:
         if t is None:
             continue
         if isinstance(t, torch.Tensor):
-            r = _tensor_reason(t, f"tensor {i} {tuple(t.shape)}")
-            if r:
-                return r
+            # This runs on every call of the layer: the message (and its shape) only on failure.
+            if _tensor_reason(t, "") is not None:
+                return _tensor_reason(t, f"tensor {i} {tuple(t.shape)}")
             devs.append(t.device)
             if t.dtype != torch.float32:
                 halves.add(t.dtype)
@@ -114,7 +115,7 @@ def unsupported_reason(*tensors, dtype=None, device=None) -> Optional[str]:
         if d.type != "cuda":
             return f"device {d} is not CUDA"
     if devs or dtype is not None:
-        if not torch.cuda.is_available():
+        if not devs and not torch.cuda.is_available():  # a CUDA tensor implies CUDA is there
             return "CUDA is not available"
         idx = devs[0].index if devs and devs[0].index is not None else torch.cuda.current_device()
         r = _device_reason(idx)
@@ -163,34 +164,48 @@ def _stream():
     return cuda.CUstream(torch.cuda.current_stream().cuda_stream)
 
 
+# The raw handle of the current stream of a device: torch's own C entry point, which inductor's
+# generated code calls for every kernel, where torch.cuda.current_stream() builds a Stream object
+# (~8 us a launch on an H200 host, 2026-12-01).
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _stream_handle(index: int) -> int:
+    if _raw_stream is not None:
+        return _raw_stream(index)
+    return torch.cuda.current_stream(index).cuda_stream
+
+
 # The compiled launcher reads each tensor argument as a small C struct: its data pointer, its
 # dynamic sizes and its one dynamic (leading) stride; a 1-D tensor (bias, tile counter) as its
 # pointer and size. Building these directly costs a few microseconds, where from_dlpack(...)
 # .mark_layout_dynamic(...) plus the DSL's argument adapters cost ~45 us per launch (H200 host,
 # 2026-11-30, `python -m parallel_mlp.bench host`). tests/kernels/test_launch_args.py checks that
 # the bytes equal what the DSL's own generate_execution_args builds from the _to_cute tensors.
-class _MatrixArg(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("shape", ctypes.c_int32 * 2), ("stride", ctypes.c_int64)]
-
-
-class _VectorArg(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("shape", ctypes.c_int32)]
+_MATRIX = struct.Struct("<QiiQ")  # data pointer, 2 dynamic sizes (int32), leading stride: 24 bytes
+_VECTOR = struct.Struct("<Qi")    # data pointer, size: 12 bytes in a 16-byte slot
+_POINTER = struct.Struct("<Q")    # the CUstream handle
+_SLOT = 24
 
 
 def _launch_args(tensors, stream_handle: int):
     """(addresses, keep-alive) of the launcher's arguments: one struct per tensor that is not
-    None, in order, then the CUstream handle. Keep the second item alive until the call returns."""
-    structs = []
-    for t in tensors:
-        if t is None:
-            continue  # None arguments are compile-time absent: the launcher takes no slot
+    None, in order, then the CUstream handle, packed into one buffer. Keep the second item alive
+    until the call returns."""
+    present = [t for t in tensors if t is not None]  # None arguments are compile-time absent
+    buf = ctypes.create_string_buffer(_SLOT * (len(present) + 1))
+    base = ctypes.addressof(buf)
+    for i, t in enumerate(present):
         if t.dim() == 1:
-            structs.append(_VectorArg(t.data_ptr(), t.size(0)))
+            _VECTOR.pack_into(buf, i * _SLOT, t.data_ptr(), t.size(0))
         else:
-            lead = 1 if _major(t) == "row" else 0  # the unit-stride dim, as _to_cute marks it
-            structs.append(_MatrixArg(t.data_ptr(), (t.size(0), t.size(1)), t.stride(1 - lead)))
-    structs.append(ctypes.c_void_p(stream_handle))
-    return [ctypes.addressof(s) for s in structs], structs
+            rows, cols = t.shape
+            s0, s1 = t.stride()
+            # the leading (non-unit) stride of the major _major(t) names, as _to_cute marks it
+            row_major = s1 == 1 and (cols > 1 or s0 != 1 or rows == 1)
+            _MATRIX.pack_into(buf, i * _SLOT, t.data_ptr(), rows, cols, s0 if row_major else s1)
+    _POINTER.pack_into(buf, len(present) * _SLOT, stream_handle)
+    return [base + i * _SLOT for i in range(len(present) + 1)], buf
 
 
 def _tile_counter(device: torch.device) -> torch.Tensor:
@@ -260,17 +275,23 @@ def _launch(spec: EpilogueSpec, a, bk, d=None, post=None, prein=None, dpre=None,
         _DTYPE_NAMES[bias.dtype] if bias is not None else None,
     )
     fn = get_kernel(key)
-    with torch.cuda.device(a.device):
-        counter = None
-        if cfg.scheduler == "dynamic":
-            counter = _tile_counter(a.device)
-        elif cfg.stream_k:
-            counter = _stream_k_workspace(a.shape[0], bk.shape[0], cfg, a.device)
-        args, keep = _launch_args(
-            (a, bk, d, post, prein, dpre, bias, counter), torch.cuda.current_stream().cuda_stream
-        )
+    counter = None
+    if cfg.scheduler == "dynamic":
+        counter = _tile_counter(a.device)
+    elif cfg.stream_k:
+        counter = _stream_k_workspace(a.shape[0], bk.shape[0], cfg, a.device)
+    index = a.device.index
+    args, keep = _launch_args((a, bk, d, post, prein, dpre, bias, counter), _stream_handle(index))
+    if torch.cuda.current_device() == index:
         fn.run_compiled_program(args)
-        del keep
+    else:  # the launch goes to the current device's context
+        with torch.cuda.device(index):
+            fn.run_compiled_program(args)
+    del keep
+
+
+# One EpilogueSpec per variant, made once: a spec is built and validated on every launch otherwise.
+_spec = functools.lru_cache(maxsize=None)(EpilogueSpec)
 
 
 def _output(out, shape, a, name):
@@ -302,21 +323,25 @@ def _shapes(a, b):
 
 
 def gemm(a, b, out=None, out_dtype=None, accumulate=False, *, config: Optional[GemmConfig] = None, tuned=False,
-         whole_rows: Optional[int] = None):
+         whole_rows: Optional[int] = None, checked: bool = False):
     """out (+)= a @ b. `accumulate=True` adds into `out` (fp32: a TMA reduce-add, out is not read
     back through registers). `whole_rows`: a is a block of rows of an a with that many rows; the
-    kernel is chosen as for the whole GEMM."""
+    kernel is chosen as for the whole GEMM. `checked`: the caller has already checked that the
+    cute path can run a and b (unsupported_reason), as the layer does once per call."""
     m, k, n = _shapes(a, b)
-    _check(a, b)
+    if not checked:
+        _check(a, b)
     if accumulate and out is None:
         raise ValueError("accumulate=True needs out=")
-    if out is None:
+    fresh = out is None
+    if fresh:
         out = torch.empty(m, n, dtype=out_dtype or a.dtype, device=a.device)
     if tuple(out.shape) != (m, n):
         raise ValueError(f"out is {tuple(out.shape)}, expected {(m, n)}")
     if accumulate and out.dtype != torch.float32:
         # No reduce-add for 16-bit D here: compute in fp32 and add, which rounds once.
-        out.add_(gemm(a, b, out_dtype=torch.float32, config=config, tuned=tuned, whole_rows=whole_rows))
+        out.add_(gemm(a, b, out_dtype=torch.float32, config=config, tuned=tuned, whole_rows=whole_rows,
+                      checked=True))
         return out
     if m == 0 or n == 0:
         return out
@@ -324,13 +349,13 @@ def gemm(a, b, out=None, out_dtype=None, accumulate=False, *, config: Optional[G
         if not accumulate:
             out.zero_()
         return out
-    if _tensor_reason(out, "out") is not None:
+    if not fresh and _tensor_reason(out, "out") is not None:
         # An out view TMA cannot address (misaligned stride or pointer): compute, then copy/add.
         r = gemm(a, b, out_dtype=torch.float32 if accumulate else out.dtype, config=config, tuned=tuned,
-                 whole_rows=whole_rows)
+                 whole_rows=whole_rows, checked=True)
         out.add_(r) if accumulate else out.copy_(r)
         return out
-    spec = EpilogueSpec("accumulate" if accumulate else "store")
+    spec = _spec("accumulate" if accumulate else "store")
     if _major(out) == "row":
         _launch(spec, a, b.t(), d=out, d_dtype=out.dtype, config=config, tuned=tuned, whole_rows=whole_rows)
     else:
@@ -341,12 +366,13 @@ def gemm(a, b, out=None, out_dtype=None, accumulate=False, *, config: Optional[G
 
 
 def gemm_act(a, b, activation, bias=None, store_preact=True, *, config: Optional[GemmConfig] = None, tuned=False,
-             out_preact=None, out_postact=None, whole_rows: Optional[int] = None):
+             out_preact=None, out_postact=None, whole_rows: Optional[int] = None, checked: bool = False):
     """preact = a @ b (+ bias), postact = act(preact). Returns (preact or None, postact).
     `out_preact` / `out_postact`: write into these (e.g. row blocks of larger tensors)."""
     act = get_activation(activation)
     m, k, n = _shapes(a, b)
-    _check(a, b, bias)
+    if not checked:
+        _check(a, b, bias)
     if act.gated and n % 2:
         raise ValueError(f"gated activation {act.name}: b has an odd number of columns ({n})")
     if bias is not None and tuple(bias.shape) != (n,):
@@ -373,14 +399,14 @@ def gemm_act(a, b, activation, bias=None, store_preact=True, *, config: Optional
             preact.copy_(ref)
         postact.copy_(act.forward(ref))
         return preact, postact
-    spec = EpilogueSpec("act", act.name, bias is not None, store_preact)
+    spec = _spec("act", act.name, bias is not None, store_preact)
     _launch(spec, a, b.t(), d=preact, post=postact, bias=bias, d_dtype=a.dtype, config=config, tuned=tuned,
             whole_rows=whole_rows)
     return preact, postact
 
 
 def gemm_dact(a, b, preact, activation, *, config: Optional[GemmConfig] = None, tuned=False,
-              out_dpreact=None, out_postact=None, whole_rows: Optional[int] = None):
+              out_dpreact=None, out_postact=None, whole_rows: Optional[int] = None, checked: bool = False):
     """dpostact = a @ b; returns (dpreact = act'(preact) * dpostact, postact = act(preact)).
     `out_dpreact` / `out_postact`: write into these (e.g. row blocks of larger tensors)."""
     act = get_activation(activation)
@@ -392,7 +418,8 @@ def gemm_dact(a, b, preact, activation, *, config: Optional[GemmConfig] = None, 
         raise ValueError(f"preact has dtype {preact.dtype}, a has {a.dtype}")
     if preact.stride(1) != 1:
         preact = preact.contiguous()  # the epilogue reads preact row-major
-    _check(a, b)
+    if not checked:
+        _check(a, b)
     dpreact = _output(out_dpreact, (m, width), a, "out_dpreact")
     postact = _output(out_postact, (m, n), a, "out_postact")
     if m == 0 or n == 0:
@@ -410,7 +437,7 @@ def gemm_dact(a, b, preact, activation, *, config: Optional[GemmConfig] = None, 
         dpreact.copy_(d)
         postact.copy_(p)
         return dpreact, postact
-    spec = EpilogueSpec("dact", act.name)
+    spec = _spec("dact", act.name)
     kw = dict(d_dtype=a.dtype, config=config, tuned=tuned, whole_rows=whole_rows)
     if act.gated:
         _launch(spec, a, b.t(), post=postact, prein=preact, dpre=dpreact, **kw)

@@ -28,6 +28,7 @@ through it raises instead of returning wrong second derivatives.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -67,6 +68,14 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     if torch.is_autocast_enabled(device_type):
         return torch.get_autocast_dtype(device_type)
     return x.dtype
+
+
+def _autocast_off(device_type: str):
+    """A context with autocast off: a no-op where it is not on (entering torch.autocast costs
+    tens of microseconds, a share of a small step's host time)."""
+    if torch.is_autocast_enabled(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def _cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
@@ -122,10 +131,13 @@ class ParallelMLPFunction(torch.autograd.Function):
         sp = sequence_parallel and tp.size > 1
         overlap = comm_overlap and tp.size > 1
         # Autocast is resolved here once; the ops below must see exactly the dtypes chosen.
-        with torch.autocast(x.device.type, enabled=False):
+        with _autocast_off(x.device.type):
             x2d = x.reshape(-1, x.shape[-1]).to(dtype)
             w1c, b1c, w2c, b2c = (_cast(t, dtype) for t in (w1, b1, w2, b2))
-            ops = resolve(backend, x2d, w1c, w2c, b1c)
+            # Every GEMM operand of both passes is one of these, or a tensor with their row widths
+            # (preact and dpreact: fc1's rows; y and dy: fc2's), so the choice holds for all of
+            # them and the ops need not check again.
+            ops = resolve(backend, x2d, w1c, w2c, b1c, (1, w1c.shape[0]), (1, w2c.shape[0]))
             preact, postact = _fc1(ops, x2d, w1c, b1c, act, not recompute, tp, sp, overlap)
             y = _fc2(ops, postact, w2c, tp, sp, overlap)
             del postact
@@ -159,7 +171,7 @@ class ParallelMLPFunction(torch.autograd.Function):
         act, backend, tp, sp, overlap = ctx.act, ctx.backend, ctx.tp, ctx.sp, ctx.overlap
 
         dy2d = dy.reshape(-1, dy.shape[-1]).to(x2d.dtype)
-        ops = resolve(backend, x2d, w1c, w2c, dy2d)
+        ops = resolve(backend, x2d, w1c, w2c, dy2d, (1, w1c.shape[0]))
         rows = tp.size * x2d.shape[0] if sp else x2d.shape[0]
 
         def replay_fc1(x_rows, out=None, whole_rows=None):
@@ -209,7 +221,7 @@ class ParallelMLPFunction(torch.autograd.Function):
             dpreact, postact = ops.gemm_dact(dy_full, w2c, preact, act.name)
         del preact
 
-        grad_w2 = weight_grad(backend, dy_full.t(), postact, w2, ctx.fuse) if need_w2 else None
+        grad_w2 = weight_grad(ops, backend, dy_full.t(), postact, w2, ctx.fuse) if need_w2 else None
         # Under sequence parallelism this rank's dy covers its own tokens only: a partial sum,
         # which the framework adds over the group (b2 is marked sequence_parallel).
         grad_b2 = _bias_grad(dy2d, b2) if need_b2 else None
@@ -226,7 +238,7 @@ class ParallelMLPFunction(torch.autograd.Function):
                 else:
                     dx_pending = all_reduce(dx_full, tp, async_op=True)
                 del dx_full
-        grad_w1 = weight_grad(backend, dpreact.t(), x_full(), w1, ctx.fuse) if need_w1 else None
+        grad_w1 = weight_grad(ops, backend, dpreact.t(), x_full(), w1, ctx.fuse) if need_w1 else None
         grad_b1 = _bias_grad(dpreact, b1) if need_b1 else None
         if x_pending is not None:
             x_pending.wait()  # recompute without dW1 gathered x but never waited on it here

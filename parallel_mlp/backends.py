@@ -162,21 +162,28 @@ def _row_chunks(t: torch.Tensor):
 
 
 class CuteBackend:
-    """Adapter to ``parallel_mlp.kernels.ops``, imported lazily (it needs the CuTe DSL)."""
+    """Adapter to ``parallel_mlp.kernels.ops``, imported lazily (it needs the CuTe DSL).
+
+    Its ops run without checking their operands again: every caller gets this backend from
+    :func:`resolve`, which checked them (the layer's own intermediates are made fit by the ops),
+    and those checks are a good share of a small GEMM's host time."""
 
     name = "cute"
+    _module = None
 
-    @staticmethod
-    def _ops():
-        from .kernels import ops
+    @classmethod
+    def _ops(cls):
+        if cls._module is None:
+            from .kernels import ops
 
-        return ops
+            cls._module = ops
+        return cls._module
 
     @classmethod
     def unsupported_reason(cls, *tensors: torch.Tensor) -> str | None:
         # Cheap checks first, so CPU runs never pay for importing the DSL.
         for t in tensors:
-            if not t.is_cuda:
+            if isinstance(t, torch.Tensor) and not t.is_cuda:
                 return f"a {t.device.type} tensor was given; the CuTe kernels run on CUDA (sm_90)"
         try:
             ops = cls._ops()
@@ -187,20 +194,20 @@ class CuteBackend:
     @classmethod
     def gemm(cls, a, b, out=None, out_dtype=None, accumulate=False, whole_rows=None):
         return cls._ops().gemm(a, b, out=out, out_dtype=out_dtype, accumulate=accumulate,
-                               whole_rows=whole_rows)
+                               whole_rows=whole_rows, checked=True)
 
     @classmethod
     def gemm_act(cls, a, b, activation, bias=None, store_preact=True, out_preact=None,
                  out_postact=None, whole_rows=None):
         return cls._ops().gemm_act(a, b, activation, bias=bias, store_preact=store_preact,
                                    out_preact=out_preact, out_postact=out_postact,
-                                   whole_rows=whole_rows)
+                                   whole_rows=whole_rows, checked=True)
 
     @classmethod
     def gemm_dact(cls, a, b, preact, activation, out_dpreact=None, out_postact=None,
                   whole_rows=None):
         return cls._ops().gemm_dact(a, b, preact, activation, out_dpreact=out_dpreact,
-                                    out_postact=out_postact, whole_rows=whole_rows)
+                                    out_postact=out_postact, whole_rows=whole_rows, checked=True)
 
 
 _warned: set[str] = set()
@@ -209,8 +216,10 @@ _warned: set[str] = set()
 def resolve(backend: str, *tensors: torch.Tensor):
     """The backend object to run ops on these tensors with.
 
-    ``tensors`` are the operands of the call (None entries are ignored); the CuTe path must accept
-    all of them (CUDA sm_90, bf16/fp16, 16-byte aligned strides) or ``auto`` falls back.
+    ``tensors`` are the operands of the call (None entries are ignored), and may include shapes
+    (tuples) of tensors the call will make, whose rows must also suit the kernels; the CuTe path
+    must accept all of them (CUDA sm_90, bf16/fp16, 16-byte aligned strides) or ``auto`` falls
+    back.
     """
     if backend == "torch":
         return TorchBackend

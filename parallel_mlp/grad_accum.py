@@ -17,15 +17,18 @@ import torch
 from .backends import resolve
 
 
-def weight_grad(backend: str, a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor, fuse: bool):
+def weight_grad(ops, backend: str, a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor,
+                fuse: bool):
     """Run ``a @ b`` as ``weight``'s gradient; returns what autograd should receive for it.
 
-    The backend is resolved with the output buffer among the operands, since a kernel that can
-    read ``a`` and ``b`` may still not accumulate into that buffer's dtype.
+    ``ops`` is the backend resolved for ``a`` and ``b``; where the GEMM writes into an existing
+    buffer, the backend is resolved again with that buffer among the operands, since a kernel
+    that can read ``a`` and ``b`` may still not accumulate into that buffer's dtype.
     """
 
     def gemm(a, b, out=None, **kw):
-        return resolve(backend, a, b, out).gemm(a, b, out=out, **kw)
+        target = ops if out is None else resolve(backend, a, b, out)
+        return target.gemm(a, b, out=out, **kw)
 
     if fuse:
         main_grad = getattr(weight, "main_grad", None)
