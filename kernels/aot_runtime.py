@@ -50,15 +50,11 @@ class CuteRuntimeError(RuntimeError):
 
 
 @functools.lru_cache(maxsize=None)
-def _library() -> Optional[ctypes.PyDLL]:
+def _library() -> Optional[ctypes.CDLL]:
     path = runtime_library_path()
     if path is None:
         return None
-    # PyDLL, not CDLL: a call keeps the GIL instead of dropping and taking it back. A launch is a
-    # few microseconds of C, and the backward runs on autograd's device thread, where every GIL
-    # handoff is a share of a small step's host time (on an H200 host, 2026-12-01, the same
-    # fwd+bwd took 0.39 ms with autograd's device threads off and 0.72 ms with them on).
-    lib = ctypes.PyDLL(str(path))
+    lib = ctypes.CDLL(str(path))
     c_void_pp = ctypes.POINTER(ctypes.c_void_p)
     lib.CuteDSLRT_Module_Create_From_Bytes.argtypes = [
         c_void_pp, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
