@@ -234,25 +234,35 @@ def test_bad_timing_flags_are_refused(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("hold_s", ["0", "0.05"])
-def test_tp_mode_on_two_gloo_ranks(tmp_path, hold_s):
-    """tp under torchrun with two CPU ranks (gloo): both variants run, checked against each
-    other, timed call by call (--hold-s 0) or held in turns of a step count the ranks agree on."""
+@pytest.mark.parametrize("hold_s,mode", [("0", []), ("0.05", []), ("0", ["--sequence-parallel"])],
+                         ids=["call-by-call", "held", "sequence-parallel"])
+def test_tp_mode_on_two_gloo_ranks(tmp_path, hold_s, mode):
+    """tp under torchrun with two CPU ranks (gloo): eager, ours and ours with tp_comm_overlap
+    run, checked against each other, timed call by call (--hold-s 0) or held in turns of a step
+    count the ranks agree on; replicated or sequence parallel; the link's bandwidth is stated."""
     out = tmp_path / "tp.json"
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
          "-m", "parallel_mlp.bench", "tp", "--dry-run", "--configs", "swiglu:128,relu:64",
-         "--hold-s", hold_s, "--json", str(out)],
+         "--hold-s", hold_s, "--json", str(out), *mode],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=180, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(out.read_text())
+    for row in data["tp"]:  # PyTorch's async TP needs CUDA: its row says so
+        assert "CUDA with NCCL" in row["variants"].pop("torch_async_tp")["unavailable"]
     assert_no_errors(data["tp"])
-    assert data["meta"]["world_size"] == 2 and data["meta"]["hold_s"] == float(hold_s)
+    meta = data["meta"]
+    assert meta["world_size"] == 2 and meta["hold_s"] == float(hold_s)
+    assert meta["sequence_parallel"] == bool(mode)
+    assert positive(meta["link"]["all_gather_busbw_gbs"]) and positive(meta["link"]["all_reduce_ms"])
     for row in data["tp"]:
         eager, ours = row["variants"]["megatron_eager"], row["variants"]["ours"]
+        overlap = row["variants"]["ours_overlap"]
         assert positive(eager["ms"]) and positive(ours["ms"]) and positive(row["speedup_vs_eager"])
-        assert ours["rel_err_y"] < 2e-2 and ours["rel_err_dx"] < 2e-2  # bf16 against eager
+        assert positive(overlap["ms"]) and positive(row["overlap_speedup_vs_eager"])
+        for variant in (ours, overlap):  # bf16 against eager
+            assert variant["rel_err_y"] < 2e-2 and variant["rel_err_dx"] < 2e-2
         if hold_s != "0":
             assert ours["steps_per_turn"] >= 5 and ours["rounds"] == 3
             assert ours["min_ms"] <= ours["ms"] <= ours["max_ms"]

@@ -17,6 +17,8 @@ COMMANDS = {
     "sweep": ("sweep", {},
               "30 pretraining shapes: ours against eager, torch.compile and quack (~8 min)"),
     "tp": ("tp", {}, "under torchrun: the MLP at TP = world size against Megatron-style eager"),
+    "tp-model": ("tp_model", {}, "exposed TP communication at TP 2/4/8, from measured step times "
+                                 "and bandwidth"),
     "profile": ("profile_step", {}, "one step's kernels and idle gaps (torch.profiler)"),
     "configs": ("gemm_configs", {}, "kernel configs (GemmConfig fields) against cuBLAS"),
     "host": ("host_overhead", {}, "where the host time of one launch goes"),

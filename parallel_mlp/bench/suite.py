@@ -103,6 +103,10 @@ def parse_args(argv=None, command: str = "full") -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3, help="held timing: turns per variant")
     p.add_argument("--dry-run", action="store_true",
                    help="tiny shapes and few iterations; automatic when CUDA is absent")
+    if command == "tp":
+        p.add_argument("--sequence-parallel", action="store_true",
+                       help="x and y are each rank's slice of the tokens (all-gather before fc1, "
+                            "reduce-scatter after fc2) instead of replicated (all-reduce)")
     sections = COMMANDS.get(command, ())
     if "compile" in sections:
         p.add_argument("--skip-compile", action="store_true", help="no torch.compile baseline")

@@ -1,11 +1,18 @@
-"""The TP benchmark: the whole MLP fwd+bwd at TP = world size, ours vs Megatron-style eager.
+"""The TP benchmark: the whole MLP fwd+bwd at TP = world size, ours (with and without
+tp_comm_overlap) vs Megatron-style eager, and PyTorch's async TP where it runs.
 
     torchrun --nproc-per-node 2 -m parallel_mlp.bench tp [--configs swiglu:14336] [--json tp.json]
+    torchrun --nproc-per-node 2 -m parallel_mlp.bench tp --sequence-parallel
 
 Each rank holds its shards of the same global weights; ``--configs`` hidden sizes are global. The
 reference is what Megatron's ColumnParallelLinear -> activation -> RowParallelLinear does, written
 in torch: shard GEMMs through cuBLAS, an all-reduce of fc2's output in forward and of x's gradient
-in backward. Both run side by side, held (1 s turns, 3 each, as the single-GPU bench; a turn is a
+in backward; with ``--sequence-parallel``, an all-gather of x before fc1 and a reduce-scatter of
+fc2's output (their backwards: a reduce-scatter of dx, an all-gather of dy). PyTorch's async TP
+(torch.compile's micro-pipeline TP pass over functional collectives, as torchtitan applies it)
+runs in the sequence-parallel mode on NCCL, where symmetric memory is available; elsewhere its
+row says why not. Before the rows, the ranks time an all-gather and an all-reduce of one
+activation ([T, d]) to state the link's bandwidth, the input of ``bench tp-model``. Both run side by side, held (1 s turns, 3 each, as the single-GPU bench; a turn is a
 fixed step count agreed by the ranks so their collectives pair up) or call by call with --hold-s 0.
 Times are each rank's median, maxed over ranks; TFLOP/s are per rank (FLOPs / p).
 NCCL on CUDA, gloo on the CPU (so ``tp --dry-run`` runs anywhere).
@@ -24,6 +31,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..activations import get_activation
+from ..tp import all_gather_rows, reduce_scatter_rows, resolve_group
 from . import report, suite
 from .harness import (
     attempt,
@@ -79,20 +87,82 @@ class _ReduceFromTP(torch.autograd.Function):
         return grad, None
 
 
+class _GatherRows(torch.autograd.Function):
+    """Megatron's gather_from_sequence_parallel_region: all-gather dim 0, reduce-scatter back."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.tp = resolve_group(group)
+        return all_gather_rows(x, ctx.tp)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return reduce_scatter_rows(grad, ctx.tp), None
+
+
+class _ScatterRows(torch.autograd.Function):
+    """Megatron's reduce_scatter_to_sequence_parallel_region: reduce-scatter dim 0, gather back."""
+
+    @staticmethod
+    def forward(ctx, y, group):
+        ctx.tp = resolve_group(group)
+        return reduce_scatter_rows(y, ctx.tp)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return all_gather_rows(grad, ctx.tp), None
+
+
 class MegatronEagerMLP(nn.Module):
     """fc1 column-parallel -> activation (torch ops) -> fc2 row-parallel, on this rank's shards."""
 
-    def __init__(self, w1_shard, w2_shard, activation: str, group=None):
+    def __init__(self, w1_shard, w2_shard, activation: str, group=None, sequence_parallel=False):
         super().__init__()
         self.w1 = nn.Parameter(w1_shard)
         self.w2 = nn.Parameter(w2_shard)
         self.act = eager_activation(activation)
         self.group = group
+        self.sequence_parallel = sequence_parallel
 
     def forward(self, x):
-        x = _CopyToTP.apply(x, self.group)
+        if self.sequence_parallel:
+            x = _GatherRows.apply(x, self.group)
+        else:
+            x = _CopyToTP.apply(x, self.group)
         y = self.act(x @ self.w1.t()) @ self.w2.t()
+        if self.sequence_parallel:
+            return _ScatterRows.apply(y, self.group)
         return _ReduceFromTP.apply(y, self.group)
+
+
+class AsyncTPMLP(nn.Module):
+    """PyTorch's async TP: the sequence-parallel MLP written with functional collectives and
+    compiled with inductor's micro-pipeline TP pass, which rewrites all-gather + matmul and
+    matmul + reduce-scatter into symmetric-memory fused ops (torchtitan's recipe). CUDA and
+    NCCL only; NVLink multicast stays as the environment has it."""
+
+    def __init__(self, w1_shard, w2_shard, activation: str, group):
+        super().__init__()
+        import torch._inductor.config as inductor_config
+        from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+
+        inductor_config._micro_pipeline_tp = True
+        enable_symm_mem_for_group(group.group_name)
+        self.w1 = nn.Parameter(w1_shard)
+        self.w2 = nn.Parameter(w2_shard)
+        self.act = eager_activation(activation)
+        self.group = group
+        self.step = torch.compile(self._forward)
+
+    def _forward(self, x):
+        import torch.distributed._functional_collectives as fc
+
+        x = fc.all_gather_tensor(x, 0, self.group)
+        y = self.act(x @ self.w1.t()) @ self.w2.t()
+        return fc.reduce_scatter_tensor(y, "sum", 0, self.group)
+
+    def forward(self, x):
+        return self.step(x)
 
 
 def max_over_ranks(ctx, result: dict) -> dict:
@@ -153,31 +223,46 @@ def bench_tp_config(ctx, act: str, h: int, world: int, rank: int) -> dict:
     is built, called once (checked against eager's outputs) and measured for peak memory, then
     both are timed side by side, held (time_tp_held) or call by call (--hold-s 0)."""
     T, d, gated = ctx.tokens, ctx.d_model, get_activation(act).gated
+    sp = ctx.sequence_parallel
     f = fc1_features(act, h)
-    # The same seed on every rank: the same global weights and the same (replicated) x and dy.
+    # The same seed on every rank: the same global weights and the same x and dy (replicated, or
+    # with sequence parallelism each rank's block of their rows).
     torch.manual_seed(1234)
     w1, w2 = ctx.rand(f, d, scale=d ** -0.5), ctx.rand(d, h, scale=h ** -0.5)
-    xs = [ctx.rand(T, d).requires_grad_(True)]
-    dys = [ctx.rand(T, d)]
+    x, dy = ctx.rand(T, d), ctx.rand(T, d)
+    if sp:
+        x, dy = x.chunk(world)[rank].contiguous(), dy.chunk(world)[rank].contiguous()
+    xs, dys = [x.requires_grad_(True)], [dy]
     # Rank r holds rows [r*F/p, (r+1)*F/p) of the interleaved W1 and columns [r*h/p, ...) of W2.
     w1_shard = w1.chunk(world, dim=0)[rank].contiguous()
     w2_shard = w2.chunk(world, dim=1)[rank].contiguous()
     del w1, w2
     flops_per_rank = mlp_flops(T, d, act, h) / world
 
+    def ours(**kw):
+        return build_parallel_mlp(w1_shard, w2_shard, act, h, backend=ctx.backend,
+                                  sequence_parallel=sp, **kw)
+
     variants = {
         "megatron_eager": lambda: MegatronEagerMLP(chunked_w1(w1_shard, gated), w2_shard.clone(),
-                                                   act),
-        "ours": lambda: build_parallel_mlp(w1_shard, w2_shard, act, h, backend=ctx.backend),
+                                                   act, sequence_parallel=sp),
+        "ours": ours,
+        "ours_overlap": lambda: ours(tp_comm_overlap=True),
+        "torch_async_tp": lambda: AsyncTPMLP(chunked_w1(w1_shard, gated), w2_shard.clone(), act,
+                                             dist.group.WORLD),
     }
     row = {"config": config_label(act, h), "world_size": world, "flops_per_rank": flops_per_rank,
-           "variants": {}}
+           "sequence_parallel": sp, "variants": {}}
     models, reference = {}, None
     for name, build in variants.items():
         if rank == 0:
             log(f"tp {world} {config_label(act, h)} {name}")
-        if name == "ours" and ctx.ours is None:
+        if name.startswith("ours") and ctx.ours is None:
             row["variants"][name] = {"unavailable": ctx.ours_reason}
+            continue
+        if name == "torch_async_tp" and (not sp or ctx.device.type != "cuda"):
+            row["variants"][name] = {"unavailable": "PyTorch's async TP is the sequence-parallel "
+                                     "mode on CUDA with NCCL (symmetric memory)"}
             continue
         held = sum(model_bytes(m) for m in models.values())
 
@@ -210,7 +295,37 @@ def bench_tp_config(ctx, act: str, h: int, world: int, rank: int) -> dict:
             row["variants"][name] = out
     row["speedup_vs_eager"] = ratio(row["variants"].get("megatron_eager"),
                                     row["variants"].get("ours"))
+    row["overlap_speedup_vs_eager"] = ratio(row["variants"].get("megatron_eager"),
+                                            row["variants"].get("ours_overlap"))
     return row
+
+
+def link_bandwidth(ctx, world: int) -> dict:
+    """The group's collective bandwidth on one activation-sized tensor ([T, d] at the bench's
+    dtype): an all-gather of each rank's 1/p of it and an all-reduce of all of it, timed after
+    warm-up (median of 10, the slowest rank's). Bus bandwidth, as NCCL's tests state it: the bytes
+    each rank sends, (p-1)/p of the tensor for the gather and 2(p-1)/p for the all-reduce, over
+    the time."""
+    full = ctx.rand(ctx.tokens, ctx.d_model)
+    size = full.numel() * full.element_size()
+    tp = resolve_group(None)
+    local = full.chunk(world)[0].contiguous()
+    out = {"bytes": size}
+    for name, run, factor in (("all_gather", lambda: all_gather_rows(local, tp), (world - 1) / world),
+                              ("all_reduce", lambda: dist.all_reduce(full), 2 * (world - 1) / world)):
+        for _ in range(3):
+            run()
+        times = []
+        for _ in range(10):
+            ctx.sync()
+            start = time.perf_counter()
+            run()
+            ctx.sync()
+            times.append(time.perf_counter() - start)
+        seconds = group_max(ctx, statistics.median(times))
+        out[f"{name}_ms"] = seconds * 1e3
+        out[f"{name}_busbw_gbs"] = factor * size / seconds / 1e9
+    return out
 
 
 def format_tp(results: dict) -> str:
@@ -222,14 +337,21 @@ def format_tp(results: dict) -> str:
             err = "-"
             if isinstance(m, dict) and "rel_err_y" in m:
                 err = f"{report.num(m['rel_err_y'], 2)}/{report.num(m['rel_err_dx'], 2)}"
-            speedup = report.num(r.get("speedup_vs_eager")) if name == "ours" else ""
+            key = {"ours": "speedup_vs_eager", "ours_overlap": "overlap_speedup_vs_eager"}.get(name)
+            speedup = report.num(r.get(key)) if key else ""
             rows.append([r["config"], name, notes.cell(m), notes.cell(m, "tflops_per_rank"),
                          notes.cell(m, "peak_mem_gb"), err, speedup])
     header = ["config (global h)", "variant", "ms (max rank)", "TF/s per rank", "peak GB",
               "err y/dx", "x eager"]
-    lines = [f"parallel_mlp.bench tp  TP={meta['world_size']}  {meta['device']}  "
+    mode = "sequence parallel" if meta.get("sequence_parallel") else "replicated (all-reduce)"
+    lines = [f"parallel_mlp.bench tp  TP={meta['world_size']}  {mode}  {meta['device']}  "
              f"torch {meta['torch']}  {meta['dtype']}  T={meta['tokens']} d={meta['d_model']}  "
              f"ours={meta['backend']}" + ("  [DRY RUN]" if meta.get("dry_run") else "")]
+    link = meta.get("link")
+    if link:
+        lines.append(f"link: all-gather of [T, d] {link['all_gather_ms']:.3f} ms "
+                     f"({link['all_gather_busbw_gbs']:.0f} GB/s bus), all-reduce "
+                     f"{link['all_reduce_ms']:.3f} ms ({link['all_reduce_busbw_gbs']:.0f} GB/s bus)")
     hold_s = meta.get("hold_s") or 0
     lines.append(f"timing: held, {hold_s:g} s turns of a step count the ranks agree on, "
                  f"{meta.get('rounds')} each" if hold_s > 0 else
@@ -263,12 +385,16 @@ def main(argv=None) -> int:
     ctx = suite.make_ctx(args, device, start)
     # No time budget here: a rank skipping a row the others run would desynchronize collectives.
     ctx.deadline = float("inf")
+    ctx.sequence_parallel = bool(args.sequence_parallel)
     probe_ours(ctx)
-    results = {"meta": suite.run_metadata(args, ctx) | {"world_size": world, "mode": "tp"}, "tp": []}
+    results = {"meta": suite.run_metadata(args, ctx) | {
+        "world_size": world, "mode": "tp", "sequence_parallel": ctx.sequence_parallel,
+        "link": link_bandwidth(ctx, world)}, "tp": []}
     for act, h in ctx.configs:
-        if h % world:
+        if h % world or (ctx.sequence_parallel and ctx.tokens % world):
             results["tp"].append({"config": config_label(act, h), "variants": {"setup": {
-                "error": f"hidden {h} is not divisible by the TP size {world}"}}})
+                "error": f"hidden {h} (or, with sequence parallelism, T={ctx.tokens}) is not "
+                         f"divisible by the TP size {world}"}}})
             continue
         results["tp"].append(bench_tp_config(ctx, act, h, world, rank))
     results["meta"]["wall_s"] = time.monotonic() - start
