@@ -33,7 +33,6 @@ D, H, BATCH, STEPS, LR = 8, 16, 4, 3, 1e-2
 
 def _accelerate_launch(*flags, cwd):
     cmd = [sys.executable, "-m", "accelerate.commands.launch", *flags,
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
            str(ROOT / "examples" / "pretrain_gpt.py"), "--steps", "3"]
     # HF_HOME in the test's folder: no accelerate config file of the machine's user applies.
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", HF_HOME=str(cwd))
