@@ -227,8 +227,10 @@ def _ranks(group) -> list[int]:
 
 def _tp_group(model, tp_group):
     hf_group = _hf_tp_group(model)
-    if tp_group is None or hf_group is None:
-        return tp_group if hf_group is None else hf_group
+    if hf_group is None:
+        return tp_group
+    if tp_group is None:
+        return hf_group
     if _ranks(tp_group) != _ranks(hf_group):
         raise ValueError(f"tp_group has ranks {_ranks(tp_group)}, but transformers made this "
                          f"model tensor-parallel over ranks {_ranks(hf_group)}, whose activations "

@@ -7,7 +7,8 @@
   only, ``Accelerator.prepare_model(..., evaluation_mode=True)`` (no second DDP over the world),
   the prepared optimizer and a loader sharded over the DP group. The TP shards survive the setup
   (not overwritten by rank 0's), TP peers read the same batch, and after training the global
-  weights equal a single-process plain-torch reference trained on the global batches.
+  weights equal a single-process plain-torch reference trained on the global batches. A DCP
+  checkpoint of the wrapped model and prepared optimizer loads at TP=1 with the same weights.
 
 Meta-device construction under ``init_empty_weights`` is tested in tests/test_meta_init.py.
 """
@@ -24,8 +25,11 @@ import torch
 
 pytest.importorskip("accelerate", reason="accelerate is not installed (the 'hf' extra)")
 
+import torch.distributed.checkpoint as dcp  # noqa: E402
+
 import reference  # noqa: E402
 from dist_utils import free_port, run_distributed  # noqa: E402
+from parallel_mlp import dcp as pdcp  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 D, H, BATCH, STEPS, LR = 8, 16, 4, 3, 1e-2
@@ -123,6 +127,10 @@ def dp_x_tp(rank, world, out_dir):
     final = global_weights(net)
     if rank == 0:
         torch.save({"initial": initial, "final": final}, f"{out_dir}/weights.pt")
+    # A resharding checkpoint straight from the wrapped model and the prepared optimizer: DSD
+    # names drop DDP's "module." and the DP replicas of each shard are written once.
+    model_sd, optim_sd = pdcp.get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=f"{out_dir}/dcp")
 
 
 def train_reference(initial):
@@ -141,6 +149,16 @@ def train_reference(initial):
     return {k: v.detach() for k, v in w.items()}
 
 
+def load_at_tp1(directory):
+    net = Net(tp_group=None)
+    optimizer = torch.optim.AdamW(net.parameters(), lr=LR)
+    model_sd, optim_sd = pdcp.get_state_dict(net, optimizer)
+    dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=directory, no_dist=True)
+    pdcp.set_state_dict(net, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
+    assert all(float(s["step"]) == STEPS for s in optimizer.state.values())
+    return global_weights(net)
+
+
 @pytest.mark.slow
 def test_dp_x_tp_setup_keeps_the_shards_and_trains_like_one_process(tmp_path):
     run_distributed(4, dp_x_tp, str(tmp_path))
@@ -149,3 +167,6 @@ def test_dp_x_tp_setup_keeps_the_shards_and_trains_like_one_process(tmp_path):
     for key, value in want.items():
         torch.testing.assert_close(saved["final"][key], value, rtol=1e-5, atol=1e-6,
                                    msg=lambda m: f"{key}: {m}")
+    loaded = load_at_tp1(str(tmp_path / "dcp"))
+    for key, value in saved["final"].items():
+        assert torch.equal(loaded[key], value), key
