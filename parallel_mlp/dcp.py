@@ -7,7 +7,7 @@ state, as torchtitan-style training loops expect.
 
     model_sd, optim_sd = get_state_dict(model, optimizer)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
-    ...                                                       # any TP size, fresh model and optimizer
+    # later, at any TP size, into a fresh model and optimizer:
     model_sd, optim_sd = get_state_dict(model, optimizer)
     dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
     set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
@@ -133,7 +133,8 @@ class _Views:
 def _local(t, shard: _Shard, where: str):
     """A state dict entry for ``shard`` as the local tensor DSD's set functions take."""
     if isinstance(t, DTensor):
-        if tuple(t.shape) != tuple(shard.global_shape) or tuple(t.placements) != (Shard(shard.dim),):
+        placed = tuple(t.placements) == (Shard(shard.dim),)
+        if tuple(t.shape) != tuple(shard.global_shape) or not placed:
             raise ValueError(f"{where} is a DTensor of global shape {tuple(t.shape)} placed "
                              f"{t.placements}; this rank's parameter is Shard({shard.dim}) of "
                              f"{tuple(shard.global_shape)}")

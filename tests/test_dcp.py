@@ -80,8 +80,8 @@ def save_at_tp2(rank, world, root):
 
     # An optimizer state that is neither scalar nor shaped like its parameter has no known split.
     opt.state[model[1].fc1.weight]["row_factor"] = torch.zeros(3)
-    with pytest.raises(ValueError, match=r"\['1.fc1.weight'\]\['row_factor'\] has shape \(3,\), not the shape of its "
-                                         r"parameter's shard \(24, 16\)"):
+    with pytest.raises(ValueError, match=r"\['1.fc1.weight'\]\['row_factor'\] has shape \(3,\), "
+                                         r"not the shape of its parameter's shard \(24, 16\)"):
         pdcp.get_optimizer_state_dict(model, opt)
 
 

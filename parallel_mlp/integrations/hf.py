@@ -3,10 +3,10 @@ save the model back in Hugging Face's format.
 
     from parallel_mlp.integrations.hf import hf_state_dict, replace_mlps
 
-    model = AutoModelForCausalLM.from_pretrained(path)     # or distributed_config=DistributedConfig(tp_size=p)
-    replace_mlps(model)                                    # every rank: this rank's shards, converted
-    ...                                                    # train
-    model.save_pretrained(out, state_dict=hf_state_dict(model))   # every rank calls both; rank 0 writes
+    model = AutoModelForCausalLM.from_pretrained(path)  # or with distributed_config=...
+    replace_mlps(model)                                 # every rank: its shards, converted
+    ...                                                 # train
+    model.save_pretrained(out, state_dict=hf_state_dict(model))  # every rank; rank 0 writes
 
 Any module whose ``gate_proj``, ``up_proj`` and ``down_proj`` are ``nn.Linear`` layers and whose
 forward is ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` qualifies: Llama, Mistral, Qwen2/3,
@@ -39,9 +39,14 @@ __all__ = ["find_gated_mlps", "full_state_dict_to_hf", "hf_state_dict", "hf_to_f
            "mlp_activation", "replace_mlps"]
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
-# ParallelMLP options that make sense inside an HF model. Sequence parallelism does not: HF's
-# decoder layers (with or without their own TP) hand the MLP the whole, replicated sequence.
-OPTIONS = ("backend", "fuse_grad_accum", "recompute")
+# ParallelMLP's keyword options that replace_mlps takes from the HF module or its own arguments;
+# every other one (backend, recompute, fuse_grad_accum, ...) is the caller's to pass. Sequence
+# parallelism is not: HF's decoder layers, with or without their own TP, hand the MLP the whole,
+# replicated sequence.
+_SET_HERE = {"activation", "bias1", "bias2", "multiple_of", "tp_group", "sequence_parallel",
+             "device", "dtype"}
+OPTIONS = tuple(sorted(name for name, p in inspect.signature(ParallelMLP).parameters.items()
+                       if p.kind is p.KEYWORD_ONLY and name not in _SET_HERE))
 
 
 # ---- converters: HF's gate/up/down tensors <-> our global fc1/fc2 ----------------------------
@@ -116,7 +121,8 @@ def _check_hf_mlp_state(s) -> None:
         raise ValueError("hf_mlp_state: gate_proj and up_proj must both have a bias or neither "
                          "(they become one fc1 with one bias)")
     gate, up, down = (s[f"{p}.weight"] for p in PROJECTIONS)
-    if gate.dim() != 2 or gate.shape != up.shape or down.dim() != 2 or down.shape[1] != gate.shape[0]:
+    if (gate.dim() != 2 or gate.shape != up.shape or down.dim() != 2
+            or down.shape[1] != gate.shape[0]):
         raise ValueError(f"hf_mlp_state: gate_proj.weight {tuple(gate.shape)} and up_proj.weight "
                          f"{tuple(up.shape)} must be the same [h, d], and down_proj.weight "
                          f"{tuple(down.shape)} [d_out, h]")
@@ -178,7 +184,8 @@ def replace_mlps(model: nn.Module, tp_group: dist.ProcessGroup | None = None,
     model that transformers itself made tensor-parallel (``from_pretrained(...,
     distributed_config=DistributedConfig(tp_size=p))``), the ``"tp"`` dimension of its device
     mesh; else the default group when torch.distributed is initialized, and TP size 1 without
-    it. ``options`` go to ParallelMLP: ``backend``, ``recompute``, ``fuse_grad_accum``.
+    it. ``options`` go to ParallelMLP: its keyword options other than those taken from the HF
+    module (``backend``, ``recompute``, ``fuse_grad_accum``, ...).
 
     The shards are converted from the loaded weights, a slice at a time (the local pieces of
     transformers' DTensors where those are already split like ours), so no rank holds a second
@@ -249,7 +256,8 @@ def _plan(name, mlp, config, tp: TPGroup) -> dict:
     except ValueError as e:
         raise ValueError(f"replace_mlps: {name}: {e}") from None
     hidden = gate.out_features
-    if (up.in_features, up.out_features) != (gate.in_features, hidden) or down.in_features != hidden:
+    if ((up.in_features, up.out_features) != (gate.in_features, hidden)
+            or down.in_features != hidden):
         raise ValueError(f"replace_mlps: {name}: gate_proj {gate.in_features}->{hidden}, up_proj "
                          f"{up.in_features}->{up.out_features} and down_proj {down.in_features}->"
                          f"{down.out_features} do not make a gated MLP")

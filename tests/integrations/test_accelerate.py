@@ -16,7 +16,6 @@ Meta-device construction under ``init_empty_weights`` is tested in tests/test_me
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -28,7 +27,7 @@ pytest.importorskip("accelerate", reason="accelerate is not installed (the 'hf' 
 import torch.distributed.checkpoint as dcp  # noqa: E402
 
 import reference  # noqa: E402
-from dist_utils import free_port, run_distributed  # noqa: E402
+from dist_utils import free_port, run_distributed, run_on_cpu  # noqa: E402
 from parallel_mlp import dcp as pdcp  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,11 +38,7 @@ def _accelerate_launch(*flags, cwd):
     cmd = [sys.executable, "-m", "accelerate.commands.launch", *flags,
            str(ROOT / "examples" / "pretrain_gpt.py"), "--steps", "3"]
     # HF_HOME in the test's folder: no accelerate config file of the machine's user applies.
-    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", HF_HOME=str(cwd))
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}:\n{out[-4000:]}"
-    return out
+    return run_on_cpu(cmd, cwd, HF_HOME=str(cwd))
 
 
 @pytest.mark.slow

@@ -6,9 +6,7 @@ keys, and gives the held-out loss the example printed."""
 from __future__ import annotations
 
 import math
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,7 +15,7 @@ import torch
 
 pytest.importorskip("transformers", reason="transformers is not installed (the 'hf' extra)")
 
-from dist_utils import free_port  # noqa: E402
+from dist_utils import run_on_cpu, torchrun_command  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SEED, SEQ_LEN, BATCH = 1234, 64, 8  # the example's defaults
@@ -26,15 +24,8 @@ pytestmark = pytest.mark.slow
 
 
 def _torchrun(nproc, *args, cwd):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
-           "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
-           "--master-port", str(free_port()), str(EXAMPLES / "finetune_hf_llama.py"),
-           "--device", "cpu", "--backend", "gloo", *args]
-    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}:\n{out[-4000:]}"
-    return out
+    return run_on_cpu(torchrun_command(nproc, EXAMPLES / "finetune_hf_llama.py", "--device", "cpu",
+                                       "--backend", "gloo", *args), cwd)
 
 
 def _number(pattern, out):

@@ -55,7 +55,8 @@ def build(family, seed=0):
 
 
 def tokens(seed=0):
-    return torch.randint(0, TINY["vocab_size"], (2, 10), generator=torch.Generator().manual_seed(seed))
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, TINY["vocab_size"], (2, 10), generator=g)
 
 
 def interleave(gate, up):
@@ -169,18 +170,25 @@ def test_converter_errors():
 # ---- the swap at TP 1 (one process) -----------------------------------------------------------
 
 
+def swapped_copy(family, world=1):
+    """The original model and a copy with its MLPs replaced (the swap itself checked)."""
+    ref = build(family)
+    model = copy.deepcopy(ref)
+    swapped = replace_mlps(model, backend="torch")
+    assert sorted(swapped) == [f"model.layers.{i}.mlp" for i in range(TINY["num_hidden_layers"])]
+    for name, mlp in swapped.items():
+        assert model.get_submodule(name) is mlp
+        assert mlp.activation.name == EXPECTED_ACTIVATION.get(family, "swiglu"), family
+        assert mlp.tp.size == world
+        assert mlp.fc1.weight.shape == (2 * TINY["intermediate_size"] // world, TINY["hidden_size"])
+    tied = ref.lm_head.weight is ref.model.embed_tokens.weight
+    assert (model.lm_head.weight is model.model.embed_tokens.weight) == tied, family
+    return ref, model
+
+
 def test_swap_equals_the_original_and_saves_in_hf_format_at_tp1(tmp_path):
     for family in FAMILIES:
-        ref = build(family)
-        model = copy.deepcopy(ref)
-        swapped = replace_mlps(model, backend="torch")
-        assert sorted(swapped) == [f"model.layers.{i}.mlp" for i in range(TINY["num_hidden_layers"])]
-        for name, mlp in swapped.items():
-            assert model.get_submodule(name) is mlp
-            assert mlp.activation.name == EXPECTED_ACTIVATION.get(family, "swiglu"), family
-            assert mlp.tp.size == 1
-        tied = ref.lm_head.weight is ref.model.embed_tokens.weight
-        assert (model.lm_head.weight is model.model.embed_tokens.weight) == tied, family
+        ref, model = swapped_copy(family)
         compare_swapped(ref, model, family=family)
         check_refuses_plain_saves(model, str(tmp_path / f"{family}-refused"))
         save_and_reload(model, ref, str(tmp_path / family))
@@ -211,11 +219,7 @@ def test_bad_input_leaves_the_model_as_it_was():
 
 def swap_at_tp2(rank, world, directory):
     for family in AT_TP2:
-        ref = build(family)
-        model = copy.deepcopy(ref)
-        swapped = replace_mlps(model, backend="torch")
-        for mlp in swapped.values():
-            assert mlp.tp.size == world and mlp.fc1.weight.shape[0] == 2 * 48 // world
+        ref, model = swapped_copy(family, world)
         compare_swapped(ref, model, rank, world, family)
         assert_state_dicts_equal(hf_state_dict(model), ref.state_dict())
     check_refuses_plain_saves(model, f"{directory}/refused-{rank}")
