@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import subprocess
@@ -31,6 +32,12 @@ def _entry(rank, world_size, port, backend, fn, args, errors):
         errors.put((rank, traceback.format_exc()))
         raise
     finally:
+        # Whatever still refers to the group from a reference cycle (a caught exception's
+        # traceback holds the test body's frame, and with it its modules, meshes and DTensors)
+        # goes now, so the group's gloo threads stop inside destroy_process_group() and not
+        # during interpreter shutdown, which can abort ("terminate called without an active
+        # exception").
+        gc.collect()
         dist.destroy_process_group()
 
 
