@@ -32,6 +32,10 @@ The interleaved gated fc1 needs no permutation: shards concatenate along dim 0 t
 matrix, which is exactly ``Shard(0)``'s layout. ParallelMLP requires ``h % p == 0``, so shards are
 even; the views still state the global shape, since ``DTensor.from_local`` would otherwise infer it
 from the local one assuming even shards.
+
+This module sits beside the layer rather than under ``integrations/``: it needs nothing but torch
+and serves any model that holds ParallelMLP layers, whoever built it (plain PyTorch, a Hugging
+Face model after ``replace_mlps``); ``integrations/`` holds the adapters that import a framework.
 """
 
 from __future__ import annotations
