@@ -214,6 +214,18 @@ def test_bad_input_leaves_the_model_as_it_was():
     assert "save_pretrained" not in vars(model)
 
 
+def test_a_model_built_on_meta_gets_meta_mlps():
+    """Nothing to convert yet: the ParallelMLPs stay on meta, to be materialized and loaded."""
+    with torch.device("meta"):
+        model = build("llama_mlp_bias_tied")
+    swapped = replace_mlps(model, backend="torch")
+    for mlp in swapped.values():
+        assert all(p.device.type == "meta" for p in mlp.parameters())
+        mlp.to_empty(device="cpu")
+        mlp.reset_parameters()
+        assert mlp.fc1.bias is not None and mlp.fc1.weight.partition_dim == 0
+
+
 # ---- TP 2 -------------------------------------------------------------------------------------
 
 
