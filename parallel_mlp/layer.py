@@ -66,20 +66,47 @@ def default_hidden_features(in_features: int, gated: bool) -> int:
     return int(8 / 3 * in_features) if gated else 4 * in_features
 
 
-class ColumnParallelShard(nn.Module):
-    """fc1's shard: rows ``[r*F/p, (r+1)*F/p)`` of the global ``[F, in]`` weight (and bias)."""
+class _TPShard(nn.Module):
+    """A shard module whose parameters carry their TP metadata (and Muon hooks) whatever replaces
+    them: ``to_empty()`` after meta-device construction, ``.to()`` across device types and
+    ``load_state_dict(assign=True)`` all put new Parameter objects in place (with
+    ``torch.__future__``'s swap-on-conversion too, the object is kept but its attributes are
+    swapped out), and those know nothing of the attributes set on the old ones."""
 
-    def __init__(self, in_features, out_features_per_rank, bias, device, dtype):
+    def _tag_parameters(self) -> None:
+        raise NotImplementedError
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        self._tag_parameters()
+        return self
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        super()._load_from_state_dict(*args, **kwargs)
+        self._tag_parameters()
+
+
+class ColumnParallelShard(_TPShard):
+    """fc1's shard: rows ``[r*F/p, (r+1)*F/p)`` of the global ``[F, in]`` weight (and bias);
+    ``gated``: interleaved gate/up rows, exposed to Muon as separate matrices."""
+
+    def __init__(self, in_features, out_features_per_rank, bias, device, dtype, gated=False):
         super().__init__()
         kw = dict(device=device, dtype=dtype)
+        self.gated = bool(gated)
         self.weight = nn.Parameter(torch.empty(out_features_per_rank, in_features, **kw))
         self.bias = nn.Parameter(torch.empty(out_features_per_rank, **kw)) if bias else None
+        self._tag_parameters()
+
+    def _tag_parameters(self) -> None:
         set_tp_metadata(self.weight, partition_dim=0)
         if self.bias is not None:
             set_tp_metadata(self.bias, partition_dim=0)
+        if self.gated:
+            set_muon_hooks(self.weight)
 
 
-class RowParallelShard(nn.Module):
+class RowParallelShard(_TPShard):
     """fc2's shard: columns ``[r*h/p, (r+1)*h/p)`` of the global ``[out, h]`` weight; the bias is
     replicated on every rank and added once, after the all-reduce."""
 
@@ -87,12 +114,17 @@ class RowParallelShard(nn.Module):
                  sequence_parallel=False):
         super().__init__()
         kw = dict(device=device, dtype=dtype)
+        self.sequence_parallel = bool(sequence_parallel)
         self.weight = nn.Parameter(torch.empty(out_features, in_features_per_rank, **kw))
         self.bias = nn.Parameter(torch.empty(out_features, **kw)) if bias else None
+        self._tag_parameters()
+
+    def _tag_parameters(self) -> None:
         set_tp_metadata(self.weight, partition_dim=1)
         if self.bias is not None:
             # Under sequence parallelism each rank's bias gradient covers its own tokens only.
-            set_tp_metadata(self.bias, partition_dim=None, sequence_parallel=sequence_parallel)
+            set_tp_metadata(self.bias, partition_dim=None,
+                            sequence_parallel=self.sequence_parallel)
 
 
 class ParallelMLP(nn.Module):
@@ -137,11 +169,10 @@ class ParallelMLP(nn.Module):
         self._check_same_config_across_ranks(bias1, bias2, dtype)
 
         fc1_rows = (2 if act.gated else 1) * hidden_features
-        self.fc1 = ColumnParallelShard(in_features, fc1_rows // self.tp.size, bias1, device, dtype)
+        self.fc1 = ColumnParallelShard(in_features, fc1_rows // self.tp.size, bias1, device, dtype,
+                                       gated=act.gated)
         self.fc2 = RowParallelShard(hidden_features // self.tp.size, out_features, bias2,
                                     device, dtype, sequence_parallel=self.sequence_parallel)
-        if act.gated:
-            set_muon_hooks(self.fc1.weight)
         if self.fc1.weight.device.type != "meta":
             self.reset_parameters()
 

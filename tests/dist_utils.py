@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
+import subprocess
+import sys
 import traceback
 
 import torch
@@ -29,6 +32,12 @@ def _entry(rank, world_size, port, backend, fn, args, errors):
         errors.put((rank, traceback.format_exc()))
         raise
     finally:
+        # Whatever still refers to the group from a reference cycle (a caught exception's
+        # traceback holds the test body's frame, and with it its modules, meshes and DTensors)
+        # goes now, so the group's gloo threads stop inside destroy_process_group() and not
+        # during interpreter shutdown, which can abort ("terminate called without an active
+        # exception").
+        gc.collect()
         dist.destroy_process_group()
 
 
@@ -47,3 +56,20 @@ def run_distributed(world_size: int, fn, *args, backend: str = "gloo") -> None:
             rank, tb = errors.get()
             details.append(f"--- rank {rank} ---\n{tb}")
         raise AssertionError("distributed test failed:\n" + "\n".join(details)) from e
+
+
+def torchrun_command(nproc: int, script, *args) -> list[str]:
+    """torchrun (as ``python -m torch.distributed.run``) of ``script`` on ``nproc`` local ranks."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+            "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
+            "--master-port", str(free_port()), str(script), *map(str, args)]
+
+
+def run_on_cpu(cmd: list[str], cwd, **env) -> str:
+    """Run ``cmd`` with no GPU visible and one thread per process (several ranks share two
+    cores); returns stdout and stderr together, and fails with their tail if it exits non-zero."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", **env)
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}:\n{out[-4000:]}"
+    return out

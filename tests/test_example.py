@@ -4,15 +4,13 @@ written at TP=2 resumes at TP=1 exactly where the uninterrupted run would have b
 from __future__ import annotations
 
 import math
-import os
 import re
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from dist_utils import run_on_cpu, torchrun_command
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "pretrain_gpt.py"
@@ -21,23 +19,10 @@ STEPS = 40
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_example(nproc: int, *args: str, cwd: Path) -> str:
     """torchrun the example with ``nproc`` ranks on the CPU; returns its output, fails on rc != 0."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
-           "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
-           "--master-port", str(_free_port()), str(EXAMPLE),
-           "--device", "cpu", "--backend", "gloo", "--log-every", "10", *args]
-    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}:\n{out[-4000:]}"
-    return out
+    return run_on_cpu(torchrun_command(nproc, EXAMPLE, "--device", "cpu", "--backend", "gloo",
+                                       "--log-every", "10", *args), cwd)
 
 
 def _losses(out: str) -> tuple[float, float]:

@@ -33,7 +33,6 @@ from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 from ..activations import get_activation
 from ..checks import require_divisible
 from ..layer import ColumnParallelShard, RowParallelShard, parallel_mlp_func
-from ..params import set_muon_hooks
 from ..tp import TPGroup, resolve_group
 from . import gated_layout
 
@@ -182,11 +181,9 @@ class MegatronParallelMLP(MegatronModule):
         dtype = config.params_dtype
         bias = bool(config.add_bias_linear)
         self.linear_fc1 = LinearFC1(self.input_size, (2 if gated else 1) * hidden // self.tp.size,
-                                    bias, device, dtype)
+                                    bias, device, dtype, gated=gated)
         self.linear_fc2 = LinearFC2(hidden // self.tp.size, config.hidden_size, bias, device, dtype,
                                     sequence_parallel=self.sequence_parallel)
-        if gated:
-            set_muon_hooks(self.linear_fc1.weight)
         if config.perform_initialization:
             self._initialize(config)
         elif bias:
