@@ -87,30 +87,27 @@ class _ReduceFromTP(torch.autograd.Function):
         return grad, None
 
 
-class _GatherRows(torch.autograd.Function):
-    """Megatron's gather_from_sequence_parallel_region: all-gather dim 0, reduce-scatter back."""
+def _sequence_region(forward, backward, doc: str):
+    """An autograd function applying ``forward`` over the TP group, ``backward`` to its grad."""
 
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.tp = resolve_group(group)
-        return all_gather_rows(x, ctx.tp)
+    class Region(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t, group):
+            ctx.tp = resolve_group(group)
+            return forward(t, ctx.tp)
 
-    @staticmethod
-    def backward(ctx, grad):
-        return reduce_scatter_rows(grad, ctx.tp), None
+        @staticmethod
+        def backward(ctx, grad):
+            return backward(grad, ctx.tp), None
+
+    Region.__doc__ = doc
+    return Region
 
 
-class _ScatterRows(torch.autograd.Function):
-    """Megatron's reduce_scatter_to_sequence_parallel_region: reduce-scatter dim 0, gather back."""
-
-    @staticmethod
-    def forward(ctx, y, group):
-        ctx.tp = resolve_group(group)
-        return reduce_scatter_rows(y, ctx.tp)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return all_gather_rows(grad, ctx.tp), None
+_GatherRows = _sequence_region(all_gather_rows, reduce_scatter_rows,
+                               "Megatron's gather_from_sequence_parallel_region")
+_ScatterRows = _sequence_region(reduce_scatter_rows, all_gather_rows,
+                                "Megatron's reduce_scatter_to_sequence_parallel_region")
 
 
 class MegatronEagerMLP(nn.Module):

@@ -169,38 +169,29 @@ def _stock_saves(rank, world, root):
         torch.save({"x": x, "y": (y + bias).detach()}, os.path.join(root, "stock_io.pt"))
 
 
-def _ours_loads_and_saves(rank, world, root):
+def _loads(rank, world, root, kind, source):
+    """A fresh MLP of `kind` ("ours" or "stock") at TP=world loads checkpoint `source` in each
+    format and reproduces the stock TP=2 output; ours then saves itself as ours<world>."""
     megatron_cpu.init_megatron(world)
     config = _config("swiglu", add_bias_linear=True)
     io = torch.load(os.path.join(root, "stock_io.pt"))
     for fmt, metadata in FORMATS.items():
-        torch.manual_seed(4)
-        ours = our_mlp(config)
-        load(ours, os.path.join(root, f"stock-{fmt}"), **metadata)
-        y, bias = ours(io["x"])
-        close(f"ours at tp={world} from the stock tp=2 checkpoint ({fmt})", y + bias, io["y"])
-        save(ours, os.path.join(root, f"ours{world}-{fmt}"), **metadata)
-
-
-def _stock_loads_ours(rank, world, root, source):
-    megatron_cpu.init_megatron(world)
-    config = _config("swiglu", add_bias_linear=True)
-    io = torch.load(os.path.join(root, "stock_io.pt"))
-    for fmt, metadata in FORMATS.items():
-        torch.manual_seed(5)
-        stock = stock_mlp(config)
-        load(stock, os.path.join(root, f"{source}-{fmt}"), **metadata)
-        y, bias = stock(io["x"])
-        close(f"stock at tp={world} from {source} ({fmt})", y + bias, io["y"])
+        torch.manual_seed(4)  # other weights until the load
+        mlp = our_mlp(config) if kind == "ours" else stock_mlp(config)
+        load(mlp, os.path.join(root, f"{source}-{fmt}"), **metadata)
+        y, bias = mlp(io["x"])
+        close(f"{kind} at tp={world} from {source} ({fmt})", y + bias, io["y"])
+        if kind == "ours":
+            save(mlp, os.path.join(root, f"ours{world}-{fmt}"), **metadata)
 
 
 def test_checkpoints_move_between_stock_and_ours_at_any_tp(tmp_path):
     root = str(tmp_path)
     run_distributed(2, _stock_saves, root)
     for world in (1, 2, 4):  # the stock TP=2 checkpoint into ours
-        run_distributed(world, _ours_loads_and_saves, root)
-    run_distributed(1, _stock_loads_ours, root, "ours4")  # ours (TP=4) into stock TP=1
-    run_distributed(2, _stock_loads_ours, root, "ours1")  # ours (TP=1) into stock TP=2
+        run_distributed(world, _loads, root, "ours", "stock")
+    run_distributed(1, _loads, root, "stock", "ours4")  # ours (TP=4) into stock TP=1
+    run_distributed(2, _loads, root, "stock", "ours1")  # ours (TP=1) into stock TP=2
 
 
 def _interleaved_checkpoint_would_mislead(rank, world, root):
