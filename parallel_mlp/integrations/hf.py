@@ -31,8 +31,8 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from transformers.activations import ACT2FN
 
 from ..layer import ParallelMLP
-from ..params import merge_gate_up, split_gate_up
 from ..tp import TPGroup, resolve_group
+from . import gated_layout
 from .hf_activations import GATED, gated_activation
 
 __all__ = ["find_gated_mlps", "full_state_dict_to_hf", "hf_state_dict", "hf_to_full_state_dict",
@@ -52,19 +52,9 @@ OPTIONS = tuple(sorted(name for name, p in inspect.signature(ParallelMLP).parame
 # ---- converters: HF's gate/up/down tensors <-> our global fc1/fc2 ----------------------------
 
 
-def _merge(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """``[h, ...]`` gate and up -> our interleaved ``[2h, ...]`` (weights or biases)."""
-    if gate.dim() == 1:
-        return merge_gate_up(torch.stack([gate, up])[..., None])[:, 0]
-    return merge_gate_up(torch.stack([gate, up]))
-
-
 def _split(fc1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Our interleaved ``[2h, ...]`` -> (gate, up), each ``[h, ...]`` and contiguous."""
-    gate, up = split_gate_up(fc1[:, None] if fc1.dim() == 1 else fc1)
-    if fc1.dim() == 1:
-        gate, up = gate[:, 0], up[:, 0]
-    return gate.contiguous(), up.contiguous()
+    return gated_layout.gate_rows(fc1).contiguous(), gated_layout.up_rows(fc1).contiguous()
 
 
 def hf_to_full_state_dict(hf_mlp_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -74,10 +64,10 @@ def hf_to_full_state_dict(hf_mlp_state: dict[str, torch.Tensor]) -> dict[str, to
     as :meth:`ParallelMLP.load_full_state_dict` takes them."""
     _check_hf_mlp_state(hf_mlp_state)
     s = hf_mlp_state
-    out = {"fc1.weight": _merge(s["gate_proj.weight"], s["up_proj.weight"]),
+    out = {"fc1.weight": gated_layout.interleave(s["gate_proj.weight"], s["up_proj.weight"]),
            "fc2.weight": s["down_proj.weight"]}
     if "gate_proj.bias" in s:
-        out["fc1.bias"] = _merge(s["gate_proj.bias"], s["up_proj.bias"])
+        out["fc1.bias"] = gated_layout.interleave(s["gate_proj.bias"], s["up_proj.bias"])
     if "down_proj.bias" in s:
         out["fc2.bias"] = s["down_proj.bias"]
     return out
@@ -303,10 +293,10 @@ def _convert(mlp, plan, group, tp: TPGroup, options) -> ParallelMLP:
     if like.device.type == "meta":  # a model built on meta: ours stays there too
         return new
     new.to_empty(device=like.device)
-    new.fc1.weight.copy_(_merge(_slice(gate.weight, 0, tp), _slice(up.weight, 0, tp)))
+    new.fc1.weight.copy_(gated_layout.interleave(_slice(gate.weight, 0, tp), _slice(up.weight, 0, tp)))
     new.fc2.weight.copy_(_slice(down.weight, 1, tp))
     if plan["bias1"]:
-        new.fc1.bias.copy_(_merge(_slice(gate.bias, 0, tp), _slice(up.bias, 0, tp)))
+        new.fc1.bias.copy_(gated_layout.interleave(_slice(gate.bias, 0, tp), _slice(up.bias, 0, tp)))
     if plan["bias2"]:
         new.fc2.bias.copy_(_global(down.bias))
     new.train(mlp.training)
