@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import struct
 import functools
 import importlib.util
+import struct
 from typing import Optional
 
 import torch
@@ -237,6 +237,15 @@ def _stream_k_workspace(m: int, n: int, cfg, device: torch.device) -> torch.Tens
     return ws
 
 
+@functools.lru_cache(maxsize=4096)  # on every launch of the overlap's blocks, like default_config
+def _block_config(whole_rows: int, n: int, k: int, num_sms: int, kind: str) -> GemmConfig:
+    """The config of a block of rows of a larger GEMM (the tensor-parallel overlap runs a GEMM
+    block by block): the whole GEMM's tile, cluster and schedule, so every output element is
+    accumulated as the whole GEMM would. Not its stream-K split, which is sized for the whole
+    grid."""
+    return dataclasses.replace(default_config(whole_rows, n, k, num_sms, kind), stream_k=False)
+
+
 def _pick_config(spec, a, bk, d_dtype, config, tuned, whole_rows=None):
     m, k = a.shape
     n = bk.shape[0]
@@ -244,11 +253,7 @@ def _pick_config(spec, a, bk, d_dtype, config, tuned, whole_rows=None):
     if config is not None:
         return config
     if whole_rows is not None:
-        # A block of rows of a larger GEMM (the tensor-parallel overlap runs a GEMM block by block):
-        # the whole GEMM's tile, cluster and schedule, so every output element is accumulated as
-        # the whole GEMM would. Not its stream-K split, which is sized for the whole grid.
-        return dataclasses.replace(default_config(whole_rows, n, k, _num_sms(dev), spec.kind),
-                                   stream_k=False)
+        return _block_config(whole_rows, n, k, _num_sms(dev), spec.kind)
     if tuned:
         from .tuning import tuned_config
 

@@ -221,7 +221,8 @@ class ParallelMLPFunction(torch.autograd.Function):
             dpreact, postact = ops.gemm_dact(dy_full, w2c, preact, act.name)
         del preact
 
-        grad_w2 = weight_grad(ops, backend, dy_full.t(), postact, w2, ctx.fuse) if need_w2 else None
+        grad_w2 = (weight_grad(ops, backend, dy_full.t(), postact, w2, ctx.fuse)
+                   if need_w2 else None)
         # Under sequence parallelism this rank's dy covers its own tokens only: a partial sum,
         # which the framework adds over the group (b2 is marked sequence_parallel).
         grad_b2 = _bias_grad(dy2d, b2) if need_b2 else None
@@ -238,7 +239,8 @@ class ParallelMLPFunction(torch.autograd.Function):
                 else:
                     dx_pending = all_reduce(dx_full, tp, async_op=True)
                 del dx_full
-        grad_w1 = weight_grad(ops, backend, dpreact.t(), x_full(), w1, ctx.fuse) if need_w1 else None
+        grad_w1 = (weight_grad(ops, backend, dpreact.t(), x_full(), w1, ctx.fuse)
+                   if need_w1 else None)
         grad_b1 = _bias_grad(dpreact, b1) if need_b1 else None
         if x_pending is not None:
             x_pending.wait()  # recompute without dW1 gathered x but never waited on it here

@@ -4,9 +4,10 @@ Megatron-core and TP-aware optimizers read ``tensor_model_parallel``, ``partitio
 ``partition_stride`` off each parameter; Megatron's DDP also reads ``allreduce`` (True: a dense,
 not expert-parallel, parameter whose gradient is reduced over data parallelism) and its gradient
 finalization ``sequence_parallel`` (True: a replicated parameter whose gradient is partial per TP
-rank under sequence parallelism, summed over the TP group). Because our fc1 shards concatenate along dim 0 to the
-global interleaved W1, a gated fc1 can also expose how to view it as separate gate and up matrices:
-``_muon_reshape_functions = (split, merge)``, so Muon orthogonalizes gate and up on their own.
+rank under sequence parallelism, summed over the TP group). Because our fc1 shards concatenate
+along dim 0 to the global interleaved W1, a gated fc1 can also expose how to view it as separate
+gate and up matrices: ``_muon_reshape_functions = (split, merge)``, so Muon orthogonalizes gate
+and up on their own.
 """
 
 from __future__ import annotations
