@@ -147,3 +147,24 @@ def test_activation_is_fused_on_cuda_by_default(name, monkeypatch):
     want_dpre, _ = TorchBackend.gemm_dact(dy, w2, pre, name)
     for got, want in ((post, want_post), (dpre, want_dpre)):
         torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-4)
+
+
+def test_ops_write_into_given_row_blocks_and_refuse_misfits():
+    """The overlap's output buffers: gemm_act and gemm_dact fill row views of larger tensors with
+    what they would return; a buffer of the wrong shape or dtype is refused by name."""
+    a = torch.randn(M, K, dtype=torch.float64)
+    b = torch.randn(2 * N, K, dtype=torch.float64).t()
+    pre, post = TorchBackend.gemm_act(a, b, "swiglu")
+    big_pre, big_post = torch.zeros(2 * M, 2 * N, dtype=torch.float64), torch.zeros(2 * M, N, dtype=torch.float64)
+    got = TorchBackend.gemm_act(a, b, "swiglu", out_preact=big_pre[M:], out_postact=big_post[M:])
+    assert got[0].data_ptr() == big_pre[M:].data_ptr() and torch.equal(big_pre[M:], pre)
+    assert torch.equal(big_post[M:], post) and not big_post[:M].any()
+    dy, w2 = torch.randn(M, 9, dtype=torch.float64), torch.randn(9, N, dtype=torch.float64)
+    dpre, post2 = TorchBackend.gemm_dact(dy, w2, pre, "swiglu")
+    out_dpre = torch.empty_like(dpre)
+    TorchBackend.gemm_dact(dy, w2, pre, "swiglu", out_dpreact=out_dpre)
+    assert torch.equal(out_dpre, dpre)
+    with pytest.raises(ValueError, match="output buffer is"):
+        TorchBackend.gemm_act(a, b, "swiglu", out_postact=torch.empty(M, N + 1, dtype=torch.float64))
+    with pytest.raises(ValueError, match="output buffer is"):
+        TorchBackend.gemm_dact(dy, w2, pre, "swiglu", out_postact=torch.empty(M, N))
