@@ -20,6 +20,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+_TEARDOWNS: list = []
+
+
+def at_teardown(fn) -> None:
+    """Call ``fn()`` when this rank's test body ends, before the process group is destroyed: for
+    state a test body builds over the group that module globals keep (Megatron's parallel state
+    holds a dozen subgroups, each with its own gloo threads)."""
+    _TEARDOWNS.append(fn)
+
+
 def _entry(rank, world_size, port, backend, fn, args, errors):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)  # several ranks share two cores
@@ -32,11 +42,13 @@ def _entry(rank, world_size, port, backend, fn, args, errors):
         errors.put((rank, traceback.format_exc()))
         raise
     finally:
+        while _TEARDOWNS:
+            _TEARDOWNS.pop()()
         # Whatever still refers to the group from a reference cycle (a caught exception's
         # traceback holds the test body's frame, and with it its modules, meshes and DTensors)
         # goes now, so the group's gloo threads stop inside destroy_process_group() and not
         # during interpreter shutdown, which can abort ("terminate called without an active
-        # exception").
+        # exception"). Groups held by module globals are released by the at_teardown calls above.
         gc.collect()
         dist.destroy_process_group()
 

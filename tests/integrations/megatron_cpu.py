@@ -108,8 +108,17 @@ def init_megatron(tp_size: int, seed: int = 1234) -> None:
     patch_megatron_for_cpu()
     from megatron.core import parallel_state, tensor_parallel
 
+    from dist_utils import at_teardown
+
     parallel_state.destroy_model_parallel()
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp_size)
+    # Every group is gloo here, so Megatron's extra gloo copies of its data-parallel groups
+    # would only add threads.
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp_size,
+                                             create_gloo_process_groups=False)
+    # Its module globals hold the subgroups: released before the world group is destroyed, so
+    # their gloo threads do not outlive it into interpreter shutdown (which can abort the rank
+    # with "terminate called without an active exception").
+    at_teardown(parallel_state.destroy_model_parallel)
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
 
 
