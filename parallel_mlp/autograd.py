@@ -228,20 +228,25 @@ class ParallelMLPFunction(torch.autograd.Function):
         grad_b2 = _bias_grad(dy2d, b2) if need_b2 else None
         del postact, dy_full
 
-        dx_pending = None
-        if need_x:
+        def dx_in_flight():
             if sp and overlap:
-                dx_pending = overlap_mod.gemm_reduce_scatter(dpreact, w1c, tp, ops)
-            else:
-                dx_full = ops.gemm(dpreact, w1c)
-                if sp:
-                    dx_pending = reduce_scatter_rows(dx_full, tp, async_op=True)
-                else:
-                    dx_pending = all_reduce(dx_full, tp, async_op=True)
-                del dx_full
+                return overlap_mod.gemm_reduce_scatter(dpreact, w1c, tp, ops)
+            dx_full = ops.gemm(dpreact, w1c)
+            if sp:
+                return reduce_scatter_rows(dx_full, tp, async_op=True)
+            return all_reduce(dx_full, tp, async_op=True)
+
+        # With a TP group, dx goes first so that its all-reduce (or reduce-scatter) runs behind
+        # dW1. Alone, dx has nothing to hide behind: dW1 goes first, so that dW1's transients
+        # (a stream-K GEMM's fp32 partial sums, 16.5 MiB at 128x256 tiles on 132 SMs) are freed
+        # before dx is allocated, instead of adding to the step's peak on top of it.
+        dx_first = need_x and tp.size > 1
+        dx_pending = dx_in_flight() if dx_first else None
         grad_w1 = (weight_grad(ops, backend, dpreact.t(), x_full(), w1, ctx.fuse)
                    if need_w1 else None)
         grad_b1 = _bias_grad(dpreact, b1) if need_b1 else None
+        if need_x and not dx_first:
+            dx_pending = dx_in_flight()
         if x_pending is not None:
             x_pending.wait()  # recompute without dW1 gathered x but never waited on it here
         grad_x = None
