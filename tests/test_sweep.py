@@ -115,10 +115,25 @@ def test_variants_follow_the_flags():
     assert sweep.variants(args) == ["eager", "ours", "ours_recompute"]
 
 
+def test_torch_backend_and_tokens_flags():
+    args = sweep.parse_args(["--torch-backend", "--no-quack", "--tokens", "2048,512"])
+    assert sweep.variants(args) == ["eager", "ours", "ours_recompute", "torch_backend", "compile"]
+    assert {s.tokens for s in sweep.grid(args)} == {512, 2048}
+    assert sweep.grid(args) == tuple(s for s in GRID if s.tokens in (512, 2048))
+    # with --backend torch, ours already is the torch backend
+    args = sweep.parse_args(["--torch-backend", "--backend", "torch"])
+    assert "torch_backend" not in sweep.variants(args)
+    with pytest.raises(ValueError, match="--tokens 3: no shape"):
+        sweep.grid(sweep.parse_args(["--tokens", "3"]))
+
+
 def test_bad_flags_are_refused(capsys):
     with pytest.raises(SystemExit):
         sweep.parse_args(["--hold-s", "-1"])
     assert "--hold-s -1: must be >= 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        sweep.parse_args(["--tokens", "512,many"])
+    assert "--tokens '512,many': give token counts separated by commas" in capsys.readouterr().err
 
 
 # ---- the report ------------------------------------------------------------------------------
@@ -160,6 +175,19 @@ def test_table_has_every_variant_and_the_summary():
     assert "vs eager          geomean 1.028x   worst 0.950x (T=512 d=1024 gelu_tanh_approx" in text
     assert "vs quack          geomean" in text and "3 shapes" in text
     assert "Outputs that disagree with eager's" in text and "h=5504 (TP2 of 11008): quack" in text
+
+
+def test_summary_names_the_shapes_where_the_torch_backend_wins():
+    results = fake_results()
+    # the torch backend: slower than ours at the first two shapes, faster at the gelu one
+    for row, ms in zip(results["rows"], (10.5, 5.5, 0.16)):
+        row["variants"]["torch_backend"] = {"ms": ms}
+    text = sweep_report.format_sweep(results)
+    assert "ours, torch backend" in text
+    assert ("cute vs the torch backend: geomean 0.974x over 3 shapes; the torch backend is faster "
+            "at 1: T=512 d=1024 gelu_tanh_approx") in text
+    assert "(0.800x)" in text
+    assert "cute vs the torch backend" not in sweep_report.format_sweep(fake_results())
 
 
 def test_quack_missing_says_so_in_the_table_and_cells():

@@ -269,10 +269,10 @@ def check_timing_flags(parser, args) -> None:
 
 def without_cuda(args, planning: bool = False) -> None:
     """Without CUDA a run is the CPU dry run (tiny shapes), ours on the torch backend: it tests
-    the script. ``planning``: nothing will run, so no dry run is forced."""
-    if torch.cuda.is_available():
+    the script. ``planning``: nothing will run, so the plan stays the GPU run's."""
+    if torch.cuda.is_available() or planning:
         return
-    if not args.dry_run and not planning:
+    if not args.dry_run:
         log("no CUDA device: running the CPU dry run (tiny shapes, torch backend)")
         args.dry_run = True
     if args.backend == "cute":

@@ -5,6 +5,8 @@ pretraining run meets.
     python -m parallel_mlp.bench sweep --quick     # four shapes, ~2 min
     python -m parallel_mlp.bench sweep --estimate  # the plan and its time; runs nothing
     python -m parallel_mlp.bench sweep --dry-run   # tiny shapes on the CPU (automatic without CUDA)
+    python -m parallel_mlp.bench sweep --torch-backend --tokens 512,1000,2048,4096
+                                                   # the short steps, the torch backend beside cute
 
 For each shape of the grid (sweep_grid.py: 30 shapes over tokens per rank, model width and TP
 shard, swiglu and gelu_tanh_approx) and each variant, ours (default mode), ours (recompute),
@@ -107,6 +109,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--backend", default="cute", choices=["cute", "torch"],
                    help="what 'ours' runs on (default cute)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    p.add_argument("--torch-backend", action="store_true",
+                   help="also time ParallelMLP on its torch backend (cuBLAS and fused torch "
+                        "activations): the data a size rule for backend='auto' would need")
+    p.add_argument("--tokens", default=None,
+                   help="only the grid's shapes with these tokens per rank, e.g. 512,1000,2048")
     p.add_argument("--skip-compile", action="store_true", help="no torch.compile baseline")
     p.add_argument("--no-quack", action="store_true", help="no quack baseline")
     p.add_argument("--quack-tuned", action="store_true",
@@ -118,6 +125,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="processes compiling our kernels ahead")
     args = p.parse_args(argv)
     check_timing_flags(p, args)
+    if args.tokens is not None:
+        try:
+            args.tokens = sorted({int(t) for t in args.tokens.split(",")})
+        except ValueError:
+            p.error(f"--tokens {args.tokens!r}: give token counts separated by commas, e.g. 512,2048")
     return args
 
 
@@ -132,13 +144,22 @@ def apply_defaults(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def grid(args: argparse.Namespace) -> tuple[Shape, ...]:
-    return DRY_RUN if args.dry_run else QUICK if args.quick else GRID
+    shapes = DRY_RUN if args.dry_run else QUICK if args.quick else GRID
+    if args.tokens is not None:
+        shapes = tuple(s for s in shapes if s.tokens in args.tokens)
+        if not shapes:
+            raise ValueError(f"--tokens {','.join(map(str, args.tokens))}: no shape of this grid "
+                             "has those tokens per rank")
+    return shapes
 
 
 def variants(args: argparse.Namespace) -> list[str]:
     skip = {"compile"} if args.skip_compile else set()
     skip |= {"quack"} if args.no_quack else set()
-    return [v for v in VARIANTS if v not in skip]
+    names = [v for v in VARIANTS if v not in skip]
+    if args.torch_backend and args.backend != "torch":  # with --backend torch, ours is it
+        names.insert(names.index("ours_recompute") + 1, "torch_backend")
+    return names
 
 
 # ---- the plan and its time ------------------------------------------------------------------
@@ -169,7 +190,9 @@ def estimate(shapes, names, args: argparse.Namespace, n_kernels: int, warm_quack
     """The plan's seconds. n_kernels: ours compiled ahead (0: none); warm_quack: quack's too,
     else (when it runs) it compiles during the first shape."""
     per_shape = [shape_s(s, names, args) for s in shapes]
-    first_use = FIRST_COMPILE_S if "compile" in names else 0.0
+    # torch.compile's first graph; the torch backend compiles its fused activations once too
+    # (static at the first shape, shape-generic from the second on).
+    first_use = FIRST_COMPILE_S * (("compile" in names) + ("torch_backend" in names))
     if "quack" in names and not warm_quack:
         first_use += QUACK_WARM_S
     parts = {"startup": STARTUP_S,

@@ -10,7 +10,8 @@ import textwrap
 from .report import Notes, num, run_lines, save_figure, table, timing_line
 
 VARIANT_NAMES = {"ours": "ours", "ours_recompute": "ours recompute", "eager": "eager",
-                 "compile": "torch.compile", "quack": "quack"}
+                 "compile": "torch.compile", "quack": "quack",
+                 "torch_backend": "ours, torch backend"}
 # Against whom ours' summary and heat maps compare it: (variant, key of ours' ratio, label).
 BASELINES = (("eager", "speedup_vs_eager", "eager"), ("compile", None, "torch.compile"),
              ("quack", "speedup_vs_quack", "quack"))
@@ -83,6 +84,7 @@ def summary(results: dict) -> list[str]:
         lines.append(f"  vs {label:14s} geomean {geomean([x for x, _ in pairs]):.3f}x   "
                      f"worst {lo[0]:.3f}x ({lo[1]})   best {hi[0]:.3f}x ({hi[1]})   "
                      f"{len(pairs)} shapes")
+    lines += backend_choice(rows)
     rec = [r["recompute_ratio"] for r in rows if r.get("recompute_ratio")]
     if rec:
         lines.append(f"  recompute / default time: geomean {geomean(rec):.3f}, "
@@ -91,6 +93,18 @@ def summary(results: dict) -> list[str]:
     if bad:
         lines += ["", "Outputs that disagree with eager's (marked '!'):"] + [f"  {b}" for b in bad]
     return lines
+
+
+def backend_choice(rows: list[dict]) -> list[str]:
+    """Where the torch backend was timed (--torch-backend): the shapes at which it beat ours on
+    the cute backend, which is what backend='auto' picks wherever cute can run."""
+    pairs = [(x, r["label"]) for r in rows if (x := ours_over(r, "torch_backend")) is not None]
+    if not pairs:
+        return []
+    slower = [f"{label} ({x:.3f}x)" for x, label in sorted(pairs) if x < 1.0]
+    return [f"  cute vs the torch backend: geomean {geomean([x for x, _ in pairs]):.3f}x over "
+            f"{len(pairs)} shapes; the torch backend is faster at {len(slower)}"
+            + (": " + ", ".join(slower) if slower else "")]
 
 
 def format_sweep(results: dict) -> str:
