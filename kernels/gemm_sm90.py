@@ -277,7 +277,10 @@ class PersistentGemmSm90:
             1,
         )
         sched_params = tile_scheduler.make_params(tiles_mnl, self.cluster_shape_mn, self.cfg.raster_group)
-        grid = tile_scheduler.grid_shape(sched_params, self.max_active_clusters)
+        k_blocks = None
+        if cutlass.const_expr(self.stream_k):
+            k_blocks = (cute.size(mA, mode=[1]) + self.tile_shape_mnk[2] - 1) // self.tile_shape_mnk[2]
+        grid = tile_scheduler.grid_shape(sched_params, self.max_active_clusters, k_blocks)
 
         def cosize(c):
             return cute.cosize(self.ch_layout[c]) if self.ch_width[c] else 1

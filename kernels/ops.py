@@ -222,18 +222,20 @@ def _tile_counter(device: torch.device) -> torch.Tensor:
     return torch.zeros(1, dtype=torch.int32, device=device)
 
 
-def _stream_k_workspace(m: int, n: int, cfg, device: torch.device) -> torch.Tensor:
+def _stream_k_workspace(m: int, n: int, k: int, cfg, device: torch.device) -> torch.Tensor:
     """The int32 workspace of one stream-K launch (tile_scheduler, "Stream-K"): its flags zeroed,
     its partial-sum slots left as they are (each is written before it is read). Fresh per launch
     for the reasons _tile_counter gives."""
-    from .config import cluster_waves
-    from .tile_scheduler import stream_k_flag_words, stream_k_workspace_words
+    from .config import TILE_K, cluster_waves
+    from .tile_scheduler import stream_k_flag_words, stream_k_grid, stream_k_workspace_words
 
     cs = cfg.cluster_m * cfg.cluster_n
-    waves, rem, grid = cluster_waves(cfg, m, n)
-    ws = torch.empty(stream_k_workspace_words(waves * grid + rem, grid, cs, cfg.tile_m * cfg.tile_n),
-                     dtype=torch.int32, device=device)
-    ws[: stream_k_flag_words(rem, cs) if rem else 1].zero_()
+    waves, rem, full = cluster_waves(cfg, m, n)
+    clusters = waves * full + rem
+    grid = stream_k_grid(clusters, -(-k // TILE_K), full)  # the launch's, as the kernel picks it
+    words = stream_k_workspace_words(clusters, grid, cs, cfg.tile_m * cfg.tile_n)
+    ws = torch.empty(words, dtype=torch.int32, device=device)
+    ws[: min(words, max(1, stream_k_flag_words(clusters % grid, cs)))].zero_()
     return ws
 
 
@@ -284,7 +286,7 @@ def _launch(spec: EpilogueSpec, a, bk, d=None, post=None, prein=None, dpre=None,
     if cfg.scheduler == "dynamic":
         counter = _tile_counter(a.device)
     elif cfg.stream_k:
-        counter = _stream_k_workspace(a.shape[0], bk.shape[0], cfg, a.device)
+        counter = _stream_k_workspace(a.shape[0], bk.shape[0], a.shape[1], cfg, a.device)
     index = a.device.index
     args, keep = _launch_args((a, bk, d, post, prein, dpre, bias, counter), _stream_handle(index))
     if torch.cuda.current_device() == index:

@@ -12,6 +12,9 @@
 #     streamk        stream-K, the default where a GEMM's last wave is light: its GPU tests, then
 #                    the long-K GEMMs (fc2, dx, dW2, dW1) held with it forced on beside the
 #                    default, h=14336 and 7168 (~5 min)
+#     streamk_fill   stream-K's GPU tests, then the wgrads that have fewer tiles than SMs (T=65536 at
+#                    d=1024 h=1024 and d=2048 h=704) held with stream-K over the whole grid beside
+#                    the default's whole tiles (~4 min)
 #     gemm           the MLP's GEMMs and fused ops against cuBLAS, three configs (~5 min)
 #     mlp            the whole MLP fwd+bwd against eager (no torch.compile, no cold start)
 #     sweep          the shape sweep: 30 shapes, ours against eager, torch.compile and quack,
@@ -43,6 +46,7 @@ declare -A CMD=(
   [tests_layer]="timeout 150 python3 -m pytest -q -m gpu tests/test_layer_gpu.py tests/test_backends.py -x"
   [tests_all]="timeout 540 python3 tools/pytest_shards.py 8 -m gpu tests/kernels tests/test_layer_gpu.py tests/test_backends.py -k 'not selfcheck'"
   [streamk]="timeout 170 python3 tools/pytest_shards.py 12 -m gpu tests/kernels/test_stream_k_gpu.py; for h in 14336 7168; do timeout 150 $BENCH configs --h \$h --only fc2,dx,dW2,dW1 --also stream_k=1; done"
+  [streamk_fill]="timeout 240 python3 tools/pytest_shards.py 12 -m gpu tests/kernels/test_stream_k_gpu.py; timeout 150 $BENCH configs --T 65536 --d 1024 --h 1024 --act gelu_tanh_approx --only dW2,dW1 --also stream_k=1; timeout 150 $BENCH configs --T 65536 --d 2048 --h 704 --act swiglu --only dW2 --also stream_k=1"
   [gemm]="timeout 500 $BENCH gemm --budget-s 420 --json $OUT/gemm.json"
   [mlp]="timeout 200 $BENCH mlp --skip-compile --iters 15 --warmup 3 --budget-s 170 --json $OUT/mlp.json"
   [sweep]="timeout 580 $BENCH sweep --json $OUT/sweep.json --png $OUT/sweep.png"
@@ -55,7 +59,7 @@ declare -A CMD=(
   [full]="timeout 570 $BENCH --budget-s 420 --json $OUT/bench.json --png $OUT/bench.png"
   [ncu]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 5 --launch-count 5 --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis $BENCH ncu-cases"
 )
-ORDER=(tests_kernels tests_layer tests_all streamk gemm mlp sweep sweep_small tp tp_sp profile cold clock full ncu)
+ORDER=(tests_kernels tests_layer tests_all streamk streamk_fill gemm mlp sweep sweep_small tp tp_sp profile cold clock full ncu)
 
 steps=("$@")
 if [ ${#steps[@]} -eq 0 ]; then

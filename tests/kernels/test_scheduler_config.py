@@ -73,13 +73,47 @@ def test_stream_k_workspace_size():
 
     from parallel_mlp.kernels.ops import _stream_k_workspace
 
-    # fc2 at h=7168 on 132 SMs: 32 x 16 clusters of 2 on 66 clusters, 50 left over
+    cpu = torch.device("cpu")
+    # fc2 at h=7168 on 132 SMs: 32 x 16 clusters of 2 on 66: 7 full waves, 50 left over
     cfg = GemmConfig(128, 256, 2, 1, 16, stream_k=True)
-    ws = _stream_k_workspace(8192, 4096, cfg, torch.device("cpu"))
+    ws = _stream_k_workspace(8192, 4096, 7168, cfg, cpu)
     assert ws.dtype == torch.int32 and ws.numel() == 128 + 132 * 128 * 256
     assert (ws[:128] == 0).all()
-    # 4 x 2 clusters on 66: one partial wave of 8, the grid shrinks to 8 clusters, 0 left over
-    assert _stream_k_workspace(1024, 512, cfg, torch.device("cpu")).numel() == 1
+    # 33 x 2 clusters on 66: whole waves only
+    assert _stream_k_workspace(8448, 512, 4096, cfg, cpu).numel() == 1
+    # 4 x 2 clusters, fewer than the grid's 66: every cluster of the grid shares their K blocks
+    # (64 each at K = 4096), so 16 CTA flags (padded to 32) and 132 slots
+    assert _stream_k_workspace(1024, 512, 4096, cfg, cpu).numel() == 32 + 132 * 128 * 256
+    # ... but never more clusters than K blocks: 8 x 3 = 24 clusters at K = 192
+    assert _stream_k_workspace(1024, 512, 192, cfg, cpu).numel() == 32 + 48 * 128 * 256
+    # one K block: each tile is one piece, whole tiles on 8 clusters
+    assert _stream_k_workspace(1024, 512, 64, cfg, cpu).numel() == 1
+
+
+@pytest.mark.parametrize("tiles,k_blocks,grid", [
+    ((20, 20), 112, 132),  # a partial last wave: the whole grid
+    ((8, 8), 1024, 132),   # 64 tiles of K = 65536 (the wgrads at T=65536 d=1024): the whole grid
+    ((4, 2), 3, 24),       # never more clusters than K blocks, so that each has work
+    ((4, 2), 1, 8), ((4, 2), 0, 8),
+])
+def test_the_kernels_stream_k_grid_is_the_one_the_host_sizes_its_workspace_for(tiles, k_blocks, grid):
+    pytest.importorskip("cutlass")
+    from parallel_mlp.kernels.tile_scheduler import grid_shape, make_params, stream_k_grid
+
+    params = make_params((*tiles, 1), (1, 1), 8)
+    assert int(grid_shape(params, 132, k_blocks)[2]) == stream_k_grid(tiles[0] * tiles[1], k_blocks, 132) == grid
+    # whole tiles: one cluster per tile cluster at most
+    assert int(grid_shape(params, 132)[2]) == min(tiles[0] * tiles[1], 132)
+
+
+def test_the_default_leaves_a_grid_with_fewer_tiles_than_sms_to_whole_tiles():
+    """The wgrads at T=65536, d=1024, h=1024: 8 x 8 tiles of 128x128 on 64 of 132 SMs. Stream-K
+    over the whole grid runs there (GemmConfig(stream_k=True)), not yet by default."""
+    from parallel_mlp.kernels.config import cluster_waves, default_config, has_partial_wave
+
+    cfg = default_config(1024, 1024, 65536, kind="accumulate")
+    assert (cfg.tile_m, cfg.tile_n, cfg.cluster_m) == (128, 128, 1) and not cfg.stream_k
+    assert cluster_waves(cfg, 1024, 1024) == (0, 64, 132) and not has_partial_wave(cfg, 1024, 1024)
 
 
 def test_stream_k_where_the_last_wave_is_light():

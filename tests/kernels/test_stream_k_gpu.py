@@ -5,7 +5,8 @@ the bits differ from the whole-tile kernel's; what must hold is DESIGN.md's tole
 the fp32 reference, the same bits on every run (the owner adds the partial sums in a fixed
 order), and agreement with the whole-tile kernel within rounding. `num_sms` shrinks the grid
 so that small problems have full waves, a partial last wave, tiles split two ways and tiles
-split many ways with some clusters' segments empty.
+split many ways with some clusters' segments empty; and problems with fewer tiles than the grid
+holds, whose K blocks every cluster shares.
 """
 
 import dataclasses
@@ -31,6 +32,9 @@ def _configs(name):
         "c1x1_sm7": GemmConfig(128, 256, 1, 1, 8, num_sms=7, stream_k=True),
         # the MLP's shapes on the whole H200
         "c2x1": GemmConfig(128, 256, 2, 1, 16, stream_k=True),
+        # fewer tiles than the grid holds: no whole-tile wave, every cluster shares the tiles'
+        # K blocks (the wgrads at T=65536 d=1024: 64 tiles of 128x128 on 132 SMs)
+        "c1x1_t128": GemmConfig(128, 128, 1, 1, 8, stream_k=True),
     }[name]
 
 
@@ -41,9 +45,18 @@ CASES = [
     ("c1x1_sm7", (504, 4000, 1000)),  # 504: an M-major A needs a 16-byte leading stride
     ("c2x1", (8192, 7168, 4096)),  # fc2 at h=7168: 7.76 waves of 128x256
 ]
+# Fewer tile clusters than the grid: 2 tiles (256 x 256) over 7 clusters, K = 448 (7 K blocks:
+# 14 pieces) and K = 128 (2 blocks: the grid shrinks to 4 clusters, one block each); 16 clusters
+# of 2 over all 66 (1000 x 1000, K = 1000: 16 K blocks per tile); the wgrad at T=65536, d=1024.
+UNDERFILLED = [
+    ("c1x1_sm7", (256, 448, 256)),
+    ("c1x1_sm7", (256, 128, 256)),
+    ("c2x1", (1000, 1000, 1000)),
+    ("c1x1_t128", (1024, 65536, 1024)),
+]
 
 
-@pytest.mark.parametrize("name,shape", CASES)
+@pytest.mark.parametrize("name,shape", CASES + UNDERFILLED)
 @pytest.mark.parametrize("b_major", ["row", "col"])
 def test_stream_k_gemm(name, shape, b_major):
     from parallel_mlp.kernels import ops
@@ -59,7 +72,7 @@ def test_stream_k_gemm(name, shape, b_major):
     check(got, a.float() @ b.float(), whole, f"{name} stream-K vs whole tiles {shape}")
 
 
-@pytest.mark.parametrize("name,shape", CASES[:4] + [("c2x1", (4096, 8192, 7168))])  # dW2 at h=7168
+@pytest.mark.parametrize("name,shape", CASES[:4] + [("c2x1", (4096, 8192, 7168))] + UNDERFILLED)  # dW2 at h=7168
 def test_stream_k_accumulate(name, shape):
     from parallel_mlp.kernels import ops
 
