@@ -41,6 +41,14 @@ PINGPONG_MAX_ACC_REGS = 192
 # 128-wide tile's. N = 4096 pads 3.1%: on an H200, 2026-11-30, held 0.5 s, 1.5% faster than
 # 128x128 in one run and even in another (at long K, N = 4096 takes cooperative 128x256, below).
 WIDE_TILE_MAX_PAD = 1.04
+# ... and where its coarser waves do not cost more than its tile saves. A persistent grid takes
+# as long as its busiest cluster's tiles, ceil(clusters / grid) of them; per output element a
+# 128x192 tile ran up to 7% faster than 128x128 (held, above). Where 128-wide tiles' waves are
+# then still at least 5% faster (e.g. fc1 and the dact at T=1000, h=10240: 4 waves of 192
+# against 5 of 128, 12%), 128 it is. The rule is that arithmetic on those figures; no sweep has
+# timed it yet (the sweep's T=1000 d=5120 gelu shape ran 0.82x eager with 192).
+WIDE_TILE_SPEEDUP = 1.07
+NARROW_TILE_MIN_GAIN = 1.05
 
 # From this K up, big GEMMs other than the dact take cooperative 128x256 tiles (2x1 cluster): the
 # least operand traffic per MAC we have (0.0078 elements from L2, n256 WGMMAs reading the least
@@ -233,7 +241,8 @@ def big_pingpong_config(m: int, n: int, num_sms: int = DEFAULT_NUM_SMS, kind: st
     operand elements read from L2 per MAC against 128x128's 0.0117. At the power cap the time of
     a GEMM follows its energy, not its cycles: held 0.5 s on an H200, 2026-11-30 (bench configs
     --also tile_n=128), 25 of 27 MLP GEMMs ran 1-7% faster than at 128x128. Where 192 would pad
-    N much more than 128 does (N = 256: 50%), 128 it stays.
+    N much more than 128 does (N = 256: 50%), or its waves are too coarse for the grid
+    (NARROW_TILE_MIN_GAIN), 128 it stays.
 
     The dact's two preact slots per warpgroup, both filled at the tile's start, hide its preact
     load behind the other warpgroup's mainloop; 16-column subtiles make room for them (4 A/B
@@ -243,8 +252,15 @@ def big_pingpong_config(m: int, n: int, num_sms: int = DEFAULT_NUM_SMS, kind: st
     1.17x with one slot.
     """
     dact = dict(dact_prefetch=2, epi_n=16) if kind == "dact" else {}
+    cm = 2 if m >= 2048 else 1
+
+    def waves(tn):
+        return -(-(-(-(-(-m // 128)) // cm) * -(-n // tn)) // (num_sms // cm))
+
     tn = 192 if -(-n // 192) * 192 <= WIDE_TILE_MAX_PAD * -(-n // 128) * 128 else 128
-    return GemmConfig(128, tn, 2 if m >= 2048 else 1, 1, 16, num_sms, consumers="pingpong",
+    if tn == 192 and waves(192) * 192 / WIDE_TILE_SPEEDUP >= NARROW_TILE_MIN_GAIN * waves(128) * 128:
+        tn = 128
+    return GemmConfig(128, tn, cm, 1, 16, num_sms, consumers="pingpong",
                       l2_prefetch=kind == "accumulate", **dact)
 
 

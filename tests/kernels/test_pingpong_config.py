@@ -111,3 +111,18 @@ def test_default_config_is_cached():
     from parallel_mlp.kernels.config import default_config
 
     assert default_config(8192, 4096, 14336, 132, "store") is default_config(8192, 4096, 14336, 132, "store")
+
+
+def test_128_wide_tiles_where_192_wide_waves_are_too_coarse():
+    """fc1 and the dact at T=1000, h=10240 (d=5120): 4 waves of 128x192 tiles against 5 of
+    128x128 on 132 SMs, so 128 wins even if 192 is 7% faster per tile; store and act agree (the
+    recompute replay of fc1 must give the forward's bits). At the MLP's big shapes 192 stays."""
+    from parallel_mlp.kernels.config import NARROW_TILE_MIN_GAIN, WIDE_TILE_SPEEDUP, default_config
+
+    assert 4 * 192 / WIDE_TILE_SPEEDUP >= NARROW_TILE_MIN_GAIN * 5 * 128
+    for kind in ("act", "store", "dact"):
+        cfg = default_config(1000, 10240, 5120, 132, kind)
+        assert (cfg.consumers, cfg.tile_n, cfg.cluster_m) == ("pingpong", 128, 1), kind
+    # 73 waves of 192 against 109 of 128 (fc1 at h=14336): 6% in 192's favour
+    assert default_config(8192, 28672, 4096, 132, "act").tile_n == 192
+    assert default_config(8192, 14336, 4096, 132, "dact").tile_n == 192
