@@ -18,6 +18,9 @@ Backward::
     dW1_r = dpreact.T @ x                                 # runs while dx is on the wire
     wait(dx)
 
+Without a TP group dW1 runs before dx instead: there is no collective to hide, and dW1's
+transient workspace is then gone before dx is made.
+
 Only the local ``x`` is saved: with sequence parallelism, a 1/p slice, re-gathered in backward
 while the dgrad GEMMs run (Megatron does the same). With ``tp_comm_overlap`` the gathers before
 fc1 and the dact, and the reduce-scatters or all-reduce after fc2 and the dx GEMM, run block by
