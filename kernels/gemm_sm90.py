@@ -42,6 +42,7 @@ import cuda.bindings.driver as cuda
 
 import cutlass
 import cutlass.cute as cute
+import cutlass.memory
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
@@ -369,7 +370,7 @@ class PersistentGemmSm90:
         b_mask = cute.make_layout_image_mask(cta_layout_mnk, cluster_coord, mode=0) if cutlass.const_expr(cm > 1) else 0
 
         # ---- shared memory and the A/B pipeline
-        smem = utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()  # cutlass.utils' is a deprecated alias since 4.8
         storage = smem.allocate(self.shared_storage)
         tx_bytes = cute.size_in_bytes(self.a_dtype, cute.slice_(sA_layout, (None, None, 0))) + cute.size_in_bytes(
             self.b_dtype, cute.slice_(sB_layout, (None, None, 0))
