@@ -127,6 +127,14 @@ def test_torch_backend_and_tokens_flags():
         sweep.grid(sweep.parse_args(["--tokens", "3"]))
 
 
+def test_tokens_that_match_nothing_are_an_error_and_the_dry_run_ignores_them(capsys):
+    assert sweep.main(["--estimate", "--tokens", "3"]) == 2
+    assert "sweep: error: --tokens 3: no shape of this grid" in capsys.readouterr().err
+    args = sweep.apply_defaults(sweep.parse_args(["--dry-run", "--tokens", "512"]))
+    assert args.tokens is None and sweep.grid(args) == DRY_RUN
+    assert "the dry run keeps its tiny shapes" in capsys.readouterr().err
+
+
 def test_bad_flags_are_refused(capsys):
     with pytest.raises(SystemExit):
         sweep.parse_args(["--hold-s", "-1"])

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
+import sys
 import time
 from dataclasses import asdict
 
@@ -140,6 +141,9 @@ def apply_defaults(args: argparse.Namespace) -> argparse.Namespace:
     if args.dry_run:
         args.iters = min(args.iters, 2)
         args.warmup = min(args.warmup, 1)
+        if args.tokens is not None:
+            log("--tokens picks shapes of the GPU grid; the dry run keeps its tiny shapes")
+            args.tokens = None
     return args
 
 
@@ -355,6 +359,11 @@ def run(args: argparse.Namespace) -> dict:
 
 def main(argv=None) -> int:
     args = apply_defaults(parse_args(argv))
+    try:
+        grid(args)
+    except ValueError as e:  # --tokens that match no shape
+        print(f"python -m parallel_mlp.bench sweep: error: {e}", file=sys.stderr)
+        return 2
     if args.estimate:
         shapes, names = grid(args), variants(args)
         n_kernels = 0 if args.dry_run else len(kernel_keys(shapes, args.dtype, 132))
