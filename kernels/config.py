@@ -252,16 +252,21 @@ def big_pingpong_config(m: int, n: int, num_sms: int = DEFAULT_NUM_SMS, kind: st
     1.17x with one slot.
     """
     dact = dict(dact_prefetch=2, epi_n=16) if kind == "dact" else {}
-    cm = 2 if m >= 2048 else 1
 
-    def waves(tn):
-        return -(-(-(-(-(-m // 128)) // cm) * -(-n // tn)) // (num_sms // cm))
+    def config(tn):
+        return GemmConfig(128, tn, 2 if m >= 2048 else 1, 1, 16, num_sms, consumers="pingpong",
+                          l2_prefetch=kind == "accumulate", **dact)
 
-    tn = 192 if -(-n // 192) * 192 <= WIDE_TILE_MAX_PAD * -(-n // 128) * 128 else 128
-    if tn == 192 and waves(192) * 192 / WIDE_TILE_SPEEDUP >= NARROW_TILE_MIN_GAIN * waves(128) * 128:
-        tn = 128
-    return GemmConfig(128, tn, cm, 1, 16, num_sms, consumers="pingpong",
-                      l2_prefetch=kind == "accumulate", **dact)
+    def waves(cfg):
+        full, rem, _ = cluster_waves(cfg, m, n)
+        return full + (rem > 0)
+
+    wide, narrow = config(192), config(128)
+    if -(-n // 192) * 192 > WIDE_TILE_MAX_PAD * -(-n // 128) * 128:
+        return narrow
+    if waves(wide) * 192 / WIDE_TILE_SPEEDUP >= NARROW_TILE_MIN_GAIN * waves(narrow) * 128:
+        return narrow
+    return wide
 
 
 # Stream-K (GemmConfig.stream_k) is picked where whole tiles would waste at least this share of
@@ -282,8 +287,8 @@ def cluster_waves(cfg: GemmConfig, m: int, n: int) -> tuple[int, int, int]:
     of cfg's tiles over an M x N output. Fewer tile clusters than the grid holds: 0 full waves,
     all of them in the partial one (whole tiles then launch only that many clusters)."""
     clusters = -(-(-(-m // cfg.tile_m)) // cfg.cluster_m) * -(-(-(-n // cfg.tile_n)) // cfg.cluster_n)
-    return (*divmod(clusters, cfg.num_sms // (cfg.cluster_m * cfg.cluster_n)),
-            cfg.num_sms // (cfg.cluster_m * cfg.cluster_n))
+    grid = cfg.num_sms // (cfg.cluster_m * cfg.cluster_n)
+    return (*divmod(clusters, grid), grid)
 
 
 def has_partial_wave(cfg: GemmConfig, m: int, n: int) -> bool:
