@@ -65,6 +65,13 @@ def _not_differentiable(backward):
     return wrapper
 
 
+def _saved_tensor_hooks_active() -> bool:
+    """Whether saved-tensor hooks (torch.autograd.graph.saved_tensors_hooks: non-reentrant
+    activation checkpointing, save_on_cpu) are in force; True where torch cannot say."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    return top is None or top(False) is not None
+
+
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     """The dtype the GEMMs run in: autocast's when autocast is on for x's device, else x's."""
     device_type = x.device.type
@@ -148,25 +155,31 @@ class ParallelMLPFunction(torch.autograd.Function):
                 y.add_(b2c)
 
         # x is saved as given to this rank: under sequence parallelism, its slice.
-        ctx.save_for_backward(x2d, w1c, b1c, w2c)
         # preact is ours alone (made here, never seen by the caller), and the largest thing kept:
         # held on ctx rather than saved, so backward can drop it as soon as the dact has read it.
         # A saved tensor would live until backward returns, beside dx and dW1 (at d=8192, h=3584,
         # T=8192 that is 117 MB above eager's step peak, which frees its activation earlier).
-        ctx.preact = preact
+        # Under saved-tensor hooks (activation checkpointing, save_on_cpu) it is saved like the
+        # rest, so that the hooks see it.
+        hooked = _saved_tensor_hooks_active()
+        ctx.save_for_backward(x2d, w1c, b1c, w2c, preact if hooked else None)
+        ctx.preact = None if hooked else preact
         # The parameters themselves, for their main_grad / .grad buffers.
         ctx.weights = (w1, w2)
         ctx.biases = (b1, b2)
         ctx.x_meta = (x.shape, x.dtype)
-        ctx.act, ctx.tp, ctx.recompute, ctx.sp, ctx.overlap = act, tp, recompute, sp, overlap
+        ctx.act, ctx.tp, ctx.sp, ctx.overlap = act, tp, sp, overlap
         ctx.fuse, ctx.backend = fuse_grad_accum, backend
         return y.view(*x.shape[:-1], y.shape[-1])
 
     @staticmethod
     @_not_differentiable
     def backward(ctx, dy):
-        x2d, w1c, b1c, w2c = ctx.saved_tensors
-        preact, ctx.preact = ctx.preact, None
+        x2d, w1c, b1c, w2c, saved_preact = ctx.saved_tensors
+        preact = ctx.preact if ctx.preact is not None else saved_preact
+        ctx.preact = None
+        # No preact: recompute mode, or a second backward (retain_graph) after the first freed it.
+        replay = preact is None
         w1, w2 = ctx.weights
         b1, b2 = ctx.biases
         x_shape, x_dtype = ctx.x_meta
@@ -191,7 +204,7 @@ class ParallelMLPFunction(torch.autograd.Function):
         # Under sequence parallelism x is needed whole only by dW1 (or the fc1 replay): its gather
         # runs behind the dgrad GEMMs, issued after dy's, which the first GEMM waits for.
         x_pending = None
-        if sp and ctx.recompute and overlap:
+        if sp and replay and overlap:
             # The replay runs block by block as x's rows arrive; it leaves x gathered for dW1.
             preact = x2d.new_empty(rows, w1c.shape[0])
             x_full = overlap_mod.RowsInFlight(x2d, tp).each(
@@ -201,13 +214,13 @@ class ParallelMLPFunction(torch.autograd.Function):
             dy_flight = overlap_mod.RowsInFlight(dy2d, tp)
         elif sp:
             dy_pending = all_gather_rows(dy2d, tp, async_op=True)
-        if sp and x_pending is None and (need_w1 or ctx.recompute):
+        if sp and x_pending is None and (need_w1 or replay):
             x_pending = all_gather_rows(x2d, tp, async_op=True)
 
         def x_full():
             return x_pending.wait() if x_pending is not None else x2d
 
-        if ctx.recompute and preact is None:
+        if preact is None:
             preact = replay_fc1(x_full())
         if sp and overlap:
             width = w2c.shape[1]

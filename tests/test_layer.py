@@ -257,3 +257,54 @@ def _order_at_tp2(rank, world):
 
 def test_in_a_tp_group_dx_runs_first_so_its_all_reduce_hides_behind_dw1():
     run_distributed(2, _order_at_tp2)
+
+
+def _grads_of(mlp, x, dy, backward=lambda y, dy: y.backward(dy)):
+    x = x.detach().clone().requires_grad_()
+    mlp.zero_grad(set_to_none=True)
+    backward(mlp(x), dy)
+    return [x.grad] + [p.grad for p in mlp.parameters()]
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_a_retained_graph_backs_up_twice_with_the_same_gradients(recompute):
+    """The first backward frees the saved pre-activation; a second one over the retained graph
+    replays fc1 for it and gives the same gradients again."""
+    torch.manual_seed(0)
+    mlp = ParallelMLP(16, 32, 12, activation="swiglu", bias1=True, recompute=recompute, backend="torch")
+    x, dy = torch.randn(9, 16), torch.randn(9, 12)
+    once = _grads_of(mlp, x, dy)
+
+    def twice(y, dy):
+        y.backward(dy, retain_graph=True)
+        y.backward(dy)
+
+    for g1, g2 in zip(once, _grads_of(mlp, x, dy, twice)):
+        torch.testing.assert_close(g2, 2 * g1)
+
+
+def test_saved_tensor_hooks_see_the_pre_activation_and_checkpointing_matches():
+    """Under saved-tensor hooks (save_on_cpu, non-reentrant checkpointing) the pre-activation is
+    saved like the other tensors, so the hooks pack it, and the gradients are unchanged."""
+    import torch.utils.checkpoint as cp
+
+    torch.manual_seed(0)
+    mlp = ParallelMLP(16, 32, 12, activation="geglu", backend="torch")
+    x, dy = torch.randn(9, 16), torch.randn(9, 12)
+    plain = _grads_of(mlp, x, dy)
+    packed = []
+
+    def pack(t):
+        packed.append(tuple(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        hooked = _grads_of(mlp, x, dy)
+    assert (9, 64) in packed  # preact: [tokens, 2 * hidden]
+    x2 = x.clone().requires_grad_()
+    mlp.zero_grad(set_to_none=True)
+    cp.checkpoint(mlp, x2, use_reentrant=False).backward(dy)
+    checkpointed = [x2.grad] + [p.grad for p in mlp.parameters()]
+    for a, b, c in zip(plain, hooked, checkpointed):
+        torch.testing.assert_close(b, a, rtol=0, atol=0)
+        torch.testing.assert_close(c, a, rtol=0, atol=0)
