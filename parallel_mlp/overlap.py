@@ -31,7 +31,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from .tp import Pending, TPGroup
+from .tp import Pending, TPGroup, device_backends
 
 OPTIONS = (False, True, "auto")
 
@@ -47,15 +47,16 @@ def check_option(value) -> None:
                          f"can help: more than one rank, on NCCL)")
 
 
-def enabled(value, tp: TPGroup) -> bool:
-    """Whether to overlap: never on one rank (nothing to overlap); with ``"auto"`` only on NCCL,
-    whose collectives run on a stream of their own beside the GEMMs (gloo's block the host, so
-    there is nothing to gain); with ``True`` on any backend (gloo included, for testing)."""
+def enabled(value, tp: TPGroup, device_type: str) -> bool:
+    """Whether to overlap: never on one rank (nothing to overlap); with ``"auto"`` only where
+    the group runs this device's collectives on NCCL, on a stream of their own beside the GEMMs
+    (gloo's block the host, so there is nothing to gain); with ``True`` on any backend (gloo
+    included, for testing)."""
     check_option(value)
     if not value or tp.size == 1:
         return False
     if value == "auto":
-        return dist.get_backend(tp.group) == "nccl"
+        return device_backends(tp).get(device_type) == "nccl"
     return True
 
 

@@ -133,11 +133,18 @@ def all_gather_cat(t: torch.Tensor, tp: TPGroup, dim: int) -> torch.Tensor:
     return torch.cat(parts, dim=dim)
 
 
+def device_backends(tp: TPGroup) -> dict[str, str]:
+    """The group's backend per device type: {"cuda": "nccl"} for an NCCL group, {"cpu": "gloo",
+    "cuda": "nccl"} for init_process_group() without a backend on a GPU machine (whose
+    get_backend() says "undefined"), {"cpu": "gloo", "cuda": "gloo"} for gloo."""
+    return dict(part.split(":") for part in dist.get_backend_config(tp.group).split(","))
+
+
 def _collective_device(tp: TPGroup) -> torch.device:
-    """NCCL moves only CUDA tensors; gloo takes CPU ones."""
-    if dist.get_backend(tp.group) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    """CPU tensors where the group has a CPU backend (gloo), else CUDA ones (NCCL alone)."""
+    if "cpu" in device_backends(tp):
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 def all_gather_objects(obj, tp: TPGroup) -> list:

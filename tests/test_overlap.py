@@ -13,7 +13,7 @@ import torch
 import reference
 from dist_utils import run_distributed
 from parallel_mlp import ParallelMLP, overlap
-from parallel_mlp.tp import TPGroup
+from parallel_mlp.tp import TPGroup, device_backends
 
 D, H, D_OUT, SEQ, BATCH = 20, 24, 12, 8, 3
 
@@ -83,18 +83,31 @@ def _auto_is_off_on_gloo(rank, world):
     from parallel_mlp.tp import resolve_group
 
     tp = resolve_group(None)
-    assert overlap.enabled("auto", tp) is False  # gloo blocks the host: nothing to overlap
-    assert overlap.enabled(True, tp) is True
-    assert overlap.enabled(False, tp) is False
+    assert device_backends(tp) == {"cpu": "gloo", "cuda": "gloo"}
+    for device_type in ("cpu", "cuda"):  # gloo blocks the host: nothing to overlap
+        assert overlap.enabled("auto", tp, device_type) is False
+    assert overlap.enabled(True, tp, "cpu") is True
+    assert overlap.enabled(False, tp, "cpu") is False
 
 
 def test_auto_turns_overlap_off_on_gloo():
     run_distributed(2, _auto_is_off_on_gloo)
 
 
+@pytest.mark.parametrize("config,on_cuda", [("cuda:nccl", True), ("cpu:gloo,cuda:nccl", True),
+                                              ("cpu:gloo,cuda:gloo", False), ("cpu:gloo", False)])
+def test_auto_follows_the_backend_of_the_tensors_device(monkeypatch, config, on_cuda):
+    """init_process_group() without a backend makes a group whose get_backend() is "undefined"
+    but whose CUDA collectives run on NCCL: "auto" overlaps CUDA tensors there."""
+    monkeypatch.setattr(torch.distributed, "get_backend_config", lambda group=None: config)
+    two = TPGroup(object(), 2, 0)
+    assert overlap.enabled("auto", two, "cuda") is on_cuda
+    assert overlap.enabled("auto", two, "cpu") is False
+
+
 def test_option_rules():
     one = TPGroup(None, 1, 0)
-    assert overlap.enabled(True, one) is False and overlap.enabled("auto", one) is False
+    assert overlap.enabled(True, one, "cuda") is False and overlap.enabled("auto", one, "cuda") is False
     for bad in ("yes", 1, None):
         with pytest.raises(ValueError, match=r"tp_comm_overlap=.*: choose False, True or 'auto'"):
             overlap.check_option(bad)
