@@ -15,18 +15,19 @@ from __future__ import annotations
 import torch
 from einops import rearrange
 
-# The interleaved gated layout: row 2i is gate unit i, row 2i+1 is up unit i.
-GATED_ROWS = "(h two) d"
+# The interleaved gated layout: row 2i is gate unit i, row 2i+1 is up unit i (of a weight
+# [2h, d] or a bias [2h]). The one definition; the integrations' converters build on it.
+GATED_ROWS = "(h two) ..."
 
 
 def split_gate_up(w: torch.Tensor) -> torch.Tensor:
-    """[2h, d] interleaved -> [2, h, d]: index 0 the gate rows, 1 the up rows."""
-    return rearrange(w, f"{GATED_ROWS} -> two h d", two=2)
+    """[2h, ...] interleaved -> [2, h, ...]: index 0 the gate rows, 1 the up rows (a view)."""
+    return rearrange(w, f"{GATED_ROWS} -> two h ...", two=2)
 
 
 def merge_gate_up(w: torch.Tensor) -> torch.Tensor:
-    """[2, h, d] -> [2h, d] interleaved; the inverse of :func:`split_gate_up`."""
-    return rearrange(w, f"two h d -> {GATED_ROWS}", two=2)
+    """[2, h, ...] -> [2h, ...] interleaved; the inverse of :func:`split_gate_up`."""
+    return rearrange(w, f"two h ... -> {GATED_ROWS}", two=2)
 
 
 def set_tp_metadata(param: torch.Tensor, partition_dim: int | None,

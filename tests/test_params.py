@@ -51,3 +51,13 @@ def test_split_merge_are_inverse():
     assert torch.equal(merge_gate_up(split_gate_up(w)), w)
     t = torch.randn(2, 5, 3)
     assert torch.equal(split_gate_up(merge_gate_up(t)), t)
+
+
+def test_split_and_merge_take_weights_and_biases_alike():
+    """Row 2i is gate unit i and row 2i+1 up unit i, for a [2h, d] weight and a [2h] bias; the
+    split is a view (no copy), as the Muon hooks and the integrations' converters rely on."""
+    for t in (torch.arange(12.0).reshape(6, 2), torch.arange(6.0)):
+        gate, up = split_gate_up(t)
+        assert torch.equal(gate, t[0::2]) and torch.equal(up, t[1::2])
+        assert gate.data_ptr() == t.data_ptr()
+        assert torch.equal(merge_gate_up(torch.stack((gate, up))), t)

@@ -12,22 +12,24 @@ from __future__ import annotations
 
 import torch
 
+from ..params import merge_gate_up, split_gate_up
+
 
 def gate_rows(t: torch.Tensor) -> torch.Tensor:
     """The gate rows of an interleaved shard (a strided view)."""
-    return t[0::2]
+    return split_gate_up(t)[0]
 
 
 def up_rows(t: torch.Tensor) -> torch.Tensor:
     """The up rows of an interleaved shard (a strided view)."""
-    return t[1::2]
+    return split_gate_up(t)[1]
 
 
 def interleave(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``[n, ...]`` gate and up rows -> ``[2n, ...]`` interleaved (gate unit i at row 2i)."""
     if gate.shape != up.shape:
         raise ValueError(f"gate {tuple(gate.shape)} and up {tuple(up.shape)} rows must match")
-    return torch.stack((gate, up), dim=1).flatten(0, 1)
+    return merge_gate_up(torch.stack((gate, up)))
 
 
 def from_blocks(t: torch.Tensor) -> torch.Tensor:
