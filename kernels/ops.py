@@ -397,8 +397,10 @@ def gemm_act(a, b, activation, bias=None, store_preact=True, *, config: Optional
             preact.copy_(z)
         postact.copy_(act.forward(z))
         return preact, postact
+    # Outputs made here are contiguous and aligned; only the caller's buffers need a look.
     if not _aligned((n, a.element_size()), (postact.shape[1], a.element_size())) or any(
-            t is not None and _tensor_reason(t, "out") for t in (preact, postact)):
+            t is not None and _tensor_reason(t, "out")
+            for t in (out_preact if store_preact else None, out_postact)):
         # An output row that TMA cannot store (e.g. a gated h that is not a multiple of 8):
         # the reference math, so the result is still right, just not fused.
         ref = (a @ b).float() + (0 if bias is None else bias.float())
@@ -437,7 +439,7 @@ def gemm_dact(a, b, preact, activation, *, config: Optional[GemmConfig] = None, 
         postact.copy_(p)
         return dpreact, postact
     if not _aligned((n, a.element_size()), (width, a.element_size())) or any(
-            _tensor_reason(t, "t") for t in (preact, dpreact, postact)):
+            t is not None and _tensor_reason(t, "t") for t in (preact, out_dpreact, out_postact)):
         # Rows TMA cannot load or store (e.g. a gated h that is not a multiple of 8, or a
         # misaligned preact view): the reference math, still right, just not fused.
         d, p = act.backward(preact, a @ b)
