@@ -73,7 +73,7 @@ def _tensor_reason(t: torch.Tensor, name: str) -> Optional[str]:
     if t.dim() == 2:
         if t.stride(1) != 1 and t.stride(0) != 1:
             return f"{name} has strides {tuple(t.stride())}: neither dim is contiguous"
-        ld = t.stride(0) if t.stride(1) == 1 and (t.size(1) > 1 or t.stride(0) != 1) else t.stride(1)
+        ld = t.stride(0) if _major(t) == "row" else t.stride(1)
         if (ld * es) % 16 != 0:
             return f"{name} has strides {tuple(t.stride())}: the leading stride is not a multiple of 16 bytes"
         if t.data_ptr() % 16 != 0:
