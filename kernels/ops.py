@@ -254,7 +254,7 @@ def _pick_config(spec, a, bk, d_dtype, config, tuned, whole_rows=None):
     dev = a.device.index if a.device.index is not None else torch.cuda.current_device()
     if config is not None:
         return config
-    if whole_rows is not None:
+    if whole_rows is not None and whole_rows != m:  # a block that is the whole GEMM is just it
         return _block_config(whole_rows, n, k, _num_sms(dev), spec.kind)
     if tuned:
         from .tuning import tuned_config

@@ -1,5 +1,7 @@
 """The tile-scheduler option of GemmConfig: validation and the compiled-kernel cache key (CPU)."""
 
+import dataclasses
+
 import pytest
 
 from parallel_mlp.kernels.compile import KernelKey, _export_name
@@ -139,3 +141,27 @@ def test_stream_k_where_the_last_wave_is_light():
     assert with_stream_k(cfg, 2304, 4096, 14336, "store").stream_k and (1 - 12 / 66) / 3 >= STREAM_K_MIN_WASTE
     # but not at short K, where the partial sums' traffic is a large share of a tile's
     assert not with_stream_k(cfg, 2304, 4096, STREAM_K_MIN_K - 64, "store").stream_k
+
+
+def test_a_row_block_runs_the_whole_gemms_tiles_without_its_stream_k_unless_it_is_the_whole(monkeypatch):
+    """The overlap's row blocks take the whole GEMM's config minus stream-K (sized for the whole
+    grid); a single block covering every row is the whole GEMM and keeps its stream-K."""
+    import torch
+
+    from parallel_mlp.kernels import ops
+    from parallel_mlp.kernels.config import default_config
+    from parallel_mlp.kernels.epilogue_spec import EpilogueSpec
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(ops, "_num_sms", lambda index: 132)
+    spec = EpilogueSpec("store")
+    m, n, k = 2304, 4096, 14336  # fc2 at T=2304: stream-K by default
+    whole = default_config(m, n, k, 132, "store")
+    assert whole.stream_k
+    bk = torch.empty(n, k, dtype=torch.bfloat16)
+    block = ops._pick_config(spec, torch.empty(m // 2, k, dtype=torch.bfloat16), bk, torch.bfloat16,
+                             None, False, whole_rows=m)
+    assert block == dataclasses.replace(whole, stream_k=False)
+    alone = ops._pick_config(spec, torch.empty(m, k, dtype=torch.bfloat16), bk, torch.bfloat16,
+                             None, False, whole_rows=m)
+    assert alone == whole
