@@ -206,11 +206,13 @@ class ParallelMLPFunction(torch.autograd.Function):
         x_pending = None
         if sp and replay and overlap:
             # The replay runs block by block as x's rows arrive; it leaves x gathered for dW1.
+            # dy's broadcasts are issued right behind x's, so they arrive during the replay.
             preact = x2d.new_empty(rows, w1c.shape[0])
-            x_full = overlap_mod.RowsInFlight(x2d, tp).each(
-                lambda owner, r, xb: replay_fc1(xb, out=preact[r], whole_rows=rows))
-            x_pending = Pending(x_full)
-        if sp and overlap:
+            x_flight = overlap_mod.RowsInFlight(x2d, tp)
+            dy_flight = overlap_mod.RowsInFlight(dy2d, tp)
+            x_pending = Pending(x_flight.each(
+                lambda owner, r, xb: replay_fc1(xb, out=preact[r], whole_rows=rows)))
+        elif sp and overlap:
             dy_flight = overlap_mod.RowsInFlight(dy2d, tp)
         elif sp:
             dy_pending = all_gather_rows(dy2d, tp, async_op=True)
