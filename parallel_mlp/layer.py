@@ -37,8 +37,8 @@ def parallel_mlp_func(x, w1, w2, activation, *, b1=None, b2=None, tp_group=None,
         check_sequence_parallel_input(x)
     tp = tp_group if isinstance(tp_group, TPGroup) else resolve_group(tp_group)
     overlap = overlap_mod.enabled(tp_comm_overlap, tp, x.device.type)
-    return _apply_function(x, w1, b1, w2, b2, act, tp, bool(recompute), bool(fuse_grad_accum), backend,
-                  bool(sequence_parallel), overlap)
+    return _apply_function(x, w1, b1, w2, b2, act, tp, bool(recompute), bool(fuse_grad_accum),
+                           backend, bool(sequence_parallel), overlap)
 
 
 def _apply_function(*args):
