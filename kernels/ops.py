@@ -263,8 +263,9 @@ def _pick_config(spec, a, bk, d_dtype, config, tuned, whole_rows=None):
     return default_config(m, n, k, _num_sms(dev), spec.kind)
 
 
-def _launch(spec: EpilogueSpec, a, bk, d=None, post=None, prein=None, dpre=None, bias=None, *, d_dtype, config=None, tuned=False, whole_rows=None):
-    """Run the kernel D/epilogue(a @ bk.T) with bk the (N, K) view of b."""
+def _plan(spec: EpilogueSpec, a, bk, d_dtype, bias, config, tuned, whole_rows):
+    """(config, compiled kernel) of a launch: the config rule (or the caller's config), checked
+    against the device, and the kernel it names, compiled or loaded on first use."""
     from .compile import KernelKey, get_kernel
 
     cfg = _pick_config(spec, a, bk, d_dtype, config, tuned, whole_rows)
@@ -281,15 +282,43 @@ def _launch(spec: EpilogueSpec, a, bk, d=None, post=None, prein=None, dpre=None,
         spec, cfg, _DTYPE_NAMES[a.dtype], _major(a), _major(bk), _DTYPE_NAMES[d_dtype],
         _DTYPE_NAMES[bias.dtype] if bias is not None else None,
     )
-    fn = get_kernel(key)
+    return cfg, get_kernel(key)
+
+
+# The plan of every default-config launch, by what decides it, so that a launch of a shape seen
+# before skips the config rule, the KernelKey and the kernel table (a few microseconds of a
+# small GEMM's host time, on every one of a step's six launches). Cleared when it gets large
+# (e.g. many sequence lengths): a plan is cheap to make again.
+_plans: dict = {}
+_MAX_PLANS = 4096
+
+# The current device's index, without torch.cuda.current_device()'s lazy-init check (the tensors
+# being launched on prove CUDA is initialised).
+_current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+
+
+def _launch(spec: EpilogueSpec, a, bk, d=None, post=None, prein=None, dpre=None, bias=None, *, d_dtype, config=None, tuned=False, whole_rows=None):
+    """Run the kernel D/epilogue(a @ bk.T) with bk the (N, K) view of b."""
+    index = a.device.index
+    if config is None and not tuned:
+        plan_key = (spec, a.shape[0], bk.shape[0], a.shape[1], a.dtype, _major(a), _major(bk),
+                    d_dtype, None if bias is None else bias.dtype, index, whole_rows)
+        plan = _plans.get(plan_key)
+        if plan is None:
+            plan = _plan(spec, a, bk, d_dtype, bias, None, False, whole_rows)
+            if len(_plans) >= _MAX_PLANS:
+                _plans.clear()
+            _plans[plan_key] = plan
+        cfg, fn = plan
+    else:
+        cfg, fn = _plan(spec, a, bk, d_dtype, bias, config, tuned, whole_rows)
     counter = None
     if cfg.scheduler == "dynamic":
         counter = _tile_counter(a.device)
     elif cfg.stream_k:
         counter = _stream_k_workspace(a.shape[0], bk.shape[0], a.shape[1], cfg, a.device)
-    index = a.device.index
     args, keep = _launch_args((a, bk, d, post, prein, dpre, bias, counter), _stream_handle(index))
-    if torch.cuda.current_device() == index:
+    if _current_device() == index:
         fn.run_compiled_program(args)
     else:  # the launch goes to the current device's context
         with torch.cuda.device(index):

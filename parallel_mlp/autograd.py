@@ -37,7 +37,7 @@ import functools
 import torch
 
 from .activations import Activation
-from .backends import resolve
+from .backends import CuteBackend, resolve
 from .grad_accum import weight_grad
 from . import overlap as overlap_mod
 from .tp import Pending, TPGroup, all_gather_rows, all_reduce, reduce_scatter_rows
@@ -170,6 +170,7 @@ class ParallelMLPFunction(torch.autograd.Function):
         ctx.x_meta = (x.shape, x.dtype)
         ctx.act, ctx.tp, ctx.sp, ctx.overlap = act, tp, sp, overlap
         ctx.fuse, ctx.backend = fuse_grad_accum, backend
+        ctx.ops = ops
         return y.view(*x.shape[:-1], y.shape[-1])
 
     @staticmethod
@@ -187,7 +188,11 @@ class ParallelMLPFunction(torch.autograd.Function):
         act, backend, tp, sp, overlap = ctx.act, ctx.backend, ctx.tp, ctx.sp, ctx.overlap
 
         dy2d = dy.reshape(-1, dy.shape[-1]).to(x2d.dtype)
-        ops = resolve(backend, x2d, w1c, w2c, dy2d, (1, w1c.shape[0]))
+        # Every other operand is forward's or has its row widths, and forward's choice covered
+        # them: only dy is new to the CuTe path's checks.
+        ops = ctx.ops
+        if ops is CuteBackend:
+            ops = resolve(backend, dy2d)
         rows = tp.size * x2d.shape[0] if sp else x2d.shape[0]
 
         def replay_fc1(x_rows, out=None, whole_rows=None):

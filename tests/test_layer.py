@@ -308,3 +308,50 @@ def test_saved_tensor_hooks_see_the_pre_activation_and_checkpointing_matches():
     for a, b, c in zip(plain, hooked, checkpointed):
         torch.testing.assert_close(b, a, rtol=0, atol=0)
         torch.testing.assert_close(c, a, rtol=0, atol=0)
+
+
+def test_backward_checks_only_dy_again_and_follows_it(monkeypatch):
+    """Forward's choice of the CuTe path covered every operand but the incoming gradient: the
+    backward checks dy alone (a share of a small step's host time), and with backend='auto'
+    takes the torch path where dy cannot go the CuTe one."""
+    from parallel_mlp import backends
+
+    checked, ran = [], []
+
+    def unsupported_reason(cls, *tensors):
+        checked.append(tensors)
+        dy_like = [t for t in tensors if isinstance(t, torch.Tensor) and getattr(t, "_not_for_cute", False)]
+        return "dy is not for cute" if dy_like else None
+
+    def delegate(name):
+        def op(cls, *args, **kw):
+            ran.append(("cute", name))
+            kw.pop("whole_rows", None)
+            return getattr(backends.TorchBackend, name)(*args, **kw)
+        return classmethod(op)
+
+    monkeypatch.setattr(backends.CuteBackend, "unsupported_reason", classmethod(unsupported_reason))
+    for name in ("gemm", "gemm_act", "gemm_dact"):
+        monkeypatch.setattr(backends.CuteBackend, name, delegate(name))
+    torch.manual_seed(0)
+    mlp = ParallelMLP(16, 32, activation="swiglu", backend="auto")
+    x = torch.randn(9, 16, requires_grad=True)
+    mlp(x).backward(torch.randn(9, 16))
+    assert len(checked) == 2 and len(checked[1]) == 1 and checked[1][0].shape == (9, 16)
+    assert ran[-4:] == [("cute", "gemm_dact"), ("cute", "gemm"), ("cute", "gemm"), ("cute", "gemm")]
+
+    class NotForCute(torch.Tensor):
+        _not_for_cute = True
+
+    ran.clear()
+    mlp.zero_grad(set_to_none=True)
+    y = mlp(x)
+    dy = torch.randn(9, 16).as_subclass(NotForCute)
+    y.backward(dy)
+    assert ran == [("cute", "gemm_act"), ("cute", "gemm")]  # the forward only; backward on torch
+    ref = ParallelMLP(16, 32, activation="swiglu", backend="torch")
+    ref.load_state_dict(mlp.state_dict())
+    x2 = x.detach().clone().requires_grad_()
+    ref(x2).backward(dy.as_subclass(torch.Tensor))
+    for ours, want in ((mlp.fc1.weight, ref.fc1.weight), (mlp.fc2.weight, ref.fc2.weight)):
+        torch.testing.assert_close(ours.grad, want.grad)

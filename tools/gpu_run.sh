@@ -27,6 +27,8 @@
 #     tp_sp          the same, sequence parallel, with PyTorch's async TP beside them (~8 min)
 #     profile        one MLP step's kernels and idle gaps, ours and eager (torch.profiler), and
 #                    where the host time of one launch goes
+#     host_step      where a host-bound step's time goes: ours, ours on the torch backend and
+#                    eager, with autograd's device threads on and off (~1 min)
 #     cold           the cold start alone (a new process to its first fwd+bwd, ours and torch's)
 #     clock          tools/clock_probe.py: ms, SM clock, power and cycles per call (power-bound?)
 #     full           the whole single-GPU bench (GEMMs, fused, MLP, cold start, torch.compile)
@@ -49,17 +51,18 @@ declare -A CMD=(
   [streamk_fill]="timeout 240 python3 tools/pytest_shards.py 12 -m gpu tests/kernels/test_stream_k_gpu.py; timeout 150 $BENCH configs --T 65536 --d 1024 --h 1024 --act gelu_tanh_approx --only dW2,dW1 --also stream_k=1; timeout 150 $BENCH configs --T 65536 --d 2048 --h 704 --act swiglu --only dW2 --also stream_k=1"
   [gemm]="timeout 500 $BENCH gemm --budget-s 420 --json $OUT/gemm.json"
   [mlp]="timeout 200 $BENCH mlp --skip-compile --iters 15 --warmup 3 --budget-s 170 --json $OUT/mlp.json"
-  [sweep]="timeout 580 $BENCH sweep --json $OUT/sweep.json --png $OUT/sweep.png"
+  [sweep]="timeout 580 $BENCH sweep --budget-s 330 --json $OUT/sweep.json --png $OUT/sweep.png"
   [sweep_small]="timeout 400 $BENCH sweep --torch-backend --tokens 512,1000,2048,4096 --json $OUT/sweep-small.json"
   [tp]="timeout 120 python3 -m pytest -q -m gpu tests/test_layer_gpu.py -k nccl; timeout 420 python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m parallel_mlp.bench tp --configs swiglu:28672,swiglu:14336,gelu_tanh_approx:32768 --json $OUT/tp.json; python3 -m parallel_mlp.bench tp-model --tp-json $OUT/tp.json"
   [tp_sp]="timeout 480 python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m parallel_mlp.bench tp --sequence-parallel --configs swiglu:28672,swiglu:14336,gelu_tanh_approx:32768 --json $OUT/tp-sp.json"
   [profile]="timeout 200 $BENCH profile && timeout 150 $BENCH profile --h 7168 && timeout 60 $BENCH host"
+  [host_step]="timeout 120 $BENCH host --step"
   [cold]="timeout 120 $BENCH cold --json $OUT/cold.json"
   [clock]="timeout 120 python3 tools/clock_probe.py --h 7168 && timeout 150 python3 tools/clock_probe.py --h 14336"
   [full]="timeout 570 $BENCH --budget-s 420 --json $OUT/bench.json --png $OUT/bench.png"
   [ncu]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 5 --launch-count 5 --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis $BENCH ncu-cases"
 )
-ORDER=(tests_kernels tests_layer tests_all streamk streamk_fill gemm mlp sweep sweep_small tp tp_sp profile cold clock full ncu)
+ORDER=(tests_kernels tests_layer tests_all streamk streamk_fill gemm mlp sweep sweep_small tp tp_sp profile host_step cold clock full ncu)
 
 steps=("$@")
 if [ ${#steps[@]} -eq 0 ]; then

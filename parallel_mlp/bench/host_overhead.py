@@ -1,12 +1,18 @@
 """Where the host time of one op launch goes (a GPU is needed to launch).
 
-    python -m parallel_mlp.bench host [--calls 300]
+    python -m parallel_mlp.bench host [--calls 300] [--step]
 
 A 256^3 GEMM runs for a few microseconds, so back-to-back launches measure the host side alone:
 the Python of `ops.gemm`, the packed launch arguments, the config and kernel lookup, and the
 compiled launcher (which encodes the TMA descriptors and launches); beside them, the DSL's own
 argument path (from_dlpack tensors) that ops no longer takes. Prints each part's µs per call, and
 a cProfile of the whole op's calls, to show what a faster launch path has to remove.
+
+``--step`` looks at a whole host-bound fwd+bwd instead (T=512, d=1024, swiglu h=2816): host time
+per step of ours and of eager with autograd's device threads on and off; for ours, where the
+step's time goes (forward, the wait before the backward starts on the device thread, the
+backward's body, the return to the caller); the same op launched on the main thread and on a
+worker thread; and a cProfile of the backward's body where autograd runs it.
 """
 
 from __future__ import annotations
@@ -15,6 +21,9 @@ import argparse
 import cProfile
 import io
 import pstats
+import statistics
+import threading
+import time
 
 import torch
 
@@ -24,9 +33,12 @@ from .timing import host_us_per_call
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m parallel_mlp.bench host", description=__doc__.split("\n")[0])
     p.add_argument("--calls", type=int, default=300)
+    p.add_argument("--step", action="store_true", help="a whole host-bound fwd+bwd (see above)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("host needs a CUDA GPU")
+    if args.step:
+        return step_probe(args.calls)
 
     from ..kernels import aot_runtime, ops
     from ..kernels.compile import KernelKey, _export_name, compile_kernel, get_kernel, object_path
@@ -92,4 +104,107 @@ def main(argv=None) -> int:
     out = io.StringIO()
     pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(25)
     print(out.getvalue())
+    return 0
+
+
+def _on_worker_thread(fn):
+    """fn() run on a new thread; returns its result."""
+    out = []
+    t = threading.Thread(target=lambda: out.append(fn()))
+    t.start()
+    t.join()
+    return out[0]
+
+
+def step_probe(calls: int) -> int:
+    from ..autograd import ParallelMLPFunction
+    from ..kernels import ops
+    from .models import EagerMLP, build_parallel_mlp, chunked_w1, train_step
+
+    T, d, h, act = 512, 1024, 2816, "swiglu"
+    torch.manual_seed(0)
+    w1 = (torch.randn(2 * h, d, device="cuda") * d ** -0.5).to(torch.bfloat16)
+    w2 = (torch.randn(d, h, device="cuda") * h ** -0.5).to(torch.bfloat16)
+    x = torch.randn(T, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(T, d, device="cuda", dtype=torch.bfloat16)
+    models = {
+        "ours": build_parallel_mlp(w1, w2, act, h, backend="cute"),
+        "ours, torch backend": build_parallel_mlp(w1, w2, act, h, backend="torch"),
+        "eager": EagerMLP(chunked_w1(w1, True), w2, act),
+    }
+    print(f"host µs per fwd+bwd, T={T} d={d} {act} h={h}, {calls} back-to-back steps; "
+          f"{torch.cuda.get_device_name()}")
+    for name, model in models.items():
+        for threads in (True, False):
+            with torch.autograd.set_multithreading_enabled(threads):
+                us = host_us_per_call(lambda: train_step(model, x, dy), calls=calls, warmup=5)
+            print(f"  {us:8.1f}  {name}, autograd device threads {'on' if threads else 'off'}")
+
+    # Where ours' step goes, from timestamps (perf_counter is one clock for all threads).
+    marks = []
+    original = ParallelMLPFunction.backward
+
+    def timed_backward(ctx, *grads):
+        t_enter = time.perf_counter()
+        out = original(ctx, *grads)
+        marks[-1].extend((t_enter, time.perf_counter()))
+        return out
+
+    model = models["ours"]
+
+    def traced_step():
+        model.zero_grad(set_to_none=True)
+        x.grad = None
+        t0 = time.perf_counter()
+        y = model(x)
+        t1 = time.perf_counter()
+        marks.append([t0, t1])
+        y.backward(dy)
+        marks[-1].append(time.perf_counter())
+
+    ParallelMLPFunction.backward = staticmethod(timed_backward)
+    try:
+        for threads in (True, False):
+            marks.clear()
+            with torch.autograd.set_multithreading_enabled(threads):
+                host_us_per_call(traced_step, calls=calls, warmup=5)
+            rows = [m for m in marks[5:] if len(m) == 5]
+            if not rows:
+                continue
+            part = lambda i, j: statistics.median((m[j] - m[i]) * 1e6 for m in rows)
+            print(f"  ours, device threads {'on' if threads else 'off'}: forward {part(0, 1):.1f} µs, "
+                  f"until backward starts {part(1, 2):.1f}, backward body {part(2, 3):.1f}, "
+                  f"back to the caller {part(3, 4):.1f} (medians of {len(rows)} steps)")
+
+        prof = cProfile.Profile()
+
+        def profiled_backward(ctx, *grads):
+            prof.enable()
+            try:
+                return original(ctx, *grads)
+            finally:
+                prof.disable()
+
+        ParallelMLPFunction.backward = staticmethod(profiled_backward)
+        for _ in range(calls):
+            train_step(model, x, dy)
+        torch.cuda.synchronize()
+    finally:
+        ParallelMLPFunction.backward = original
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(20)
+    print("cProfile of the backward's body on autograd's device thread:")
+    print(out.getvalue())
+
+    a = torch.randn(256, 256, device="cuda").to(torch.bfloat16)
+    b = torch.randn(256, 256, device="cuda").to(torch.bfloat16)
+    out_d = torch.empty(256, 256, device="cuda", dtype=torch.bfloat16)
+    launch = lambda: ops.gemm(a, b, out=out_d)
+    print(f"  {host_us_per_call(launch, calls=calls):8.1f}  ops.gemm 256^3, main thread")
+    print(f"  {_on_worker_thread(lambda: host_us_per_call(launch, calls=calls)):8.1f}  "
+          "ops.gemm 256^3, a new thread")
+    mm = lambda: torch.mm(a, b, out=out_d)
+    print(f"  {host_us_per_call(mm, calls=calls):8.1f}  torch.mm 256^3, main thread")
+    print(f"  {_on_worker_thread(lambda: host_us_per_call(mm, calls=calls)):8.1f}  "
+          "torch.mm 256^3, a new thread")
     return 0

@@ -39,3 +39,47 @@ def test_stream_k_grid_larger_than_the_gpu_is_refused(monkeypatch):
     a = torch.empty(256, 512, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="config.num_sms=132 with stream_k=True on a GPU with 114 SMs"):
         ops._launch(EpilogueSpec("store"), a, a, d_dtype=torch.bfloat16, config=GemmConfig(stream_k=True))
+
+
+def test_a_launch_of_a_shape_seen_before_reuses_its_plan(monkeypatch):
+    """The config rule and the kernel table are consulted once per shape and layout; every
+    launch still packs its own tensors' addresses. A caller's config bypasses the plans."""
+    from parallel_mlp.kernels import compile as kcompile
+    from parallel_mlp.kernels.config import GemmConfig
+    from parallel_mlp.kernels.epilogue_spec import EpilogueSpec
+
+    lookups, launches = [], []
+
+    class Kernel:
+        def run_compiled_program(self, args):  # the argument structs live for this call only
+            launches.append(ctypes_first_pointer(args))
+
+    def get_kernel(key, use_disk=True):
+        lookups.append(key)
+        return Kernel()
+
+    monkeypatch.setattr(kcompile, "get_kernel", get_kernel)
+    monkeypatch.setattr(ops, "_plans", {})
+    monkeypatch.setattr(ops, "_stream_handle", lambda index: 0)
+    monkeypatch.setattr(ops, "_current_device", lambda: None)  # a CPU tensor's index
+    monkeypatch.setattr(ops, "_num_sms", lambda index: 132)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    spec = EpilogueSpec("store")
+    a, b, a2 = (torch.empty(256, 512, dtype=torch.bfloat16) for _ in range(3))
+    d, d2 = (torch.empty(256, 256, dtype=torch.bfloat16) for _ in range(2))
+    ops._launch(spec, a, b[:256], d=d, d_dtype=torch.bfloat16)
+    ops._launch(spec, a2, b[:256], d=d2, d_dtype=torch.bfloat16)
+    assert len(lookups) == 1 and len(launches) == 2
+    assert launches == [a.data_ptr(), a2.data_ptr()]
+    ops._launch(spec, a[:128], b[:256], d=d[:128], d_dtype=torch.bfloat16)  # another M: a new plan
+    assert len(lookups) == 2
+    ops._launch(spec, a, b[:256], d=d, d_dtype=torch.bfloat16, config=GemmConfig(128, 128))
+    ops._launch(spec, a, b[:256], d=d, d_dtype=torch.bfloat16, config=GemmConfig(128, 128))
+    assert len(lookups) == 4 and lookups[-1].config == GemmConfig(128, 128)
+
+
+def ctypes_first_pointer(args):
+    """The data pointer in a launch's first argument struct."""
+    import ctypes
+
+    return ctypes.c_uint64.from_address(args[0]).value
