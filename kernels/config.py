@@ -281,13 +281,6 @@ STREAM_K_MIN_WASTE = 0.05
 # blocks at 128x256); the measured gains were at K = 14336 and 28672.
 STREAM_K_MIN_K = 4096
 
-# Under half a wave of 128x128 tiles and a long K (the wgrads at a large T and a small d and h:
-# 1024 x 1024 x 65536 is 64 tiles on 132 SMs), 128x64 tiles, twice as many, as long as they stay
-# one wave. Held on an H200, 2026-12-01 (bench configs --T 65536 --d 1024 --h 1024 --act
-# gelu_tanh_approx --only dW2,dW1 --also stream_k=1): 128x128 ran those wgrads at 0.66x cuBLAS,
-# and stream-K over the whole grid (tile_scheduler.grid_shape) slower still, 0.53x.
-NARROW_FILL_MIN_K = 4096
-
 
 def cluster_waves(cfg: GemmConfig, m: int, n: int) -> tuple[int, int, int]:
     """(full waves, clusters in the last partial wave, clusters of the whole persistent grid)
@@ -344,7 +337,13 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
     warpgroup instead.
 
     When 128x256 tiles would leave most SMs idle (small M*N, e.g. a wgrad with a small N or a
-    short sequence), smaller cooperative tiles give more CTAs (NARROW_FILL_MIN_K).
+    short sequence), smaller cooperative tiles give more CTAs. Under half a wave of 128x128 at
+    a long K (the wgrads at T=65536, d=1024, h=1024: 64 tiles on 132 SMs) neither 128x64 tiles
+    (128 of them) nor stream-K over the whole grid is faster: held on an H200, 2026-12-01 (bench
+    configs --T 65536 --d 1024 --h 1024 --act gelu_tanh_approx --only dW2,dW1 --also tile_n=64
+    / --also stream_k=1), 0.308 ms at both tiles and 0.40 ms with stream-K, against cuBLAS's
+    0.214. Not profiled; 128x64 reads 3.2 GB of operands from L2 there against 2.1 GB at
+    128x128, so the extra SMs may be waiting on L2.
     """
     def waves(tm, tn):
         tiles = -(-m // tm) * -(-n // tn)
@@ -362,9 +361,7 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
         return with_stream_k(GemmConfig(128, 256, cm, 1, 8, num_sms, l2_prefetch=pf), m, n, k, kind)
     if waves(128, 128) >= 1:
         return with_stream_k(GemmConfig(128, 128, 1, 1, 8, num_sms, l2_prefetch=pf), m, n, k, kind)
-    if n <= 64 or (k >= NARROW_FILL_MIN_K and waves(128, 64) <= 1):
-        return GemmConfig(128, 64, 1, 1, 8, num_sms, l2_prefetch=pf)
-    return GemmConfig(128, 128, 1, 1, 8, num_sms, l2_prefetch=pf)
+    return GemmConfig(128, 64 if n <= 64 else 128, 1, 1, 8, num_sms, l2_prefetch=pf)
 
 
 # Candidates that `tuned=True` times for a shape (all must compile for every layout).

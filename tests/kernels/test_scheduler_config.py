@@ -108,20 +108,14 @@ def test_the_kernels_stream_k_grid_is_the_one_the_host_sizes_its_workspace_for(t
     assert int(grid_shape(params, 132)[2]) == min(tiles[0] * tiles[1], 132)
 
 
-def test_a_long_k_gemm_under_half_a_wave_takes_tiles_half_as_wide():
-    """The wgrads at T=65536, d=1024, h=1024: 8 x 8 tiles of 128x128 would leave 68 of 132 SMs
-    idle; 128x64 makes 128 tiles, one wave, of whole tiles (no stream-K)."""
-    from parallel_mlp.kernels.config import NARROW_FILL_MIN_K, cluster_waves, default_config
+def test_the_default_leaves_a_grid_with_fewer_tiles_than_sms_to_whole_tiles():
+    """The wgrads at T=65536, d=1024, h=1024: 8 x 8 tiles of 128x128 on 64 of 132 SMs. Stream-K
+    over the whole grid (GemmConfig(stream_k=True)) and 128x64 tiles measured no faster there."""
+    from parallel_mlp.kernels.config import cluster_waves, default_config, has_partial_wave
 
-    for kind in ("accumulate", "store"):
-        cfg = default_config(1024, 1024, 65536, kind=kind)
-        assert (cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.stream_k) == (128, 64, 1, False)
-        assert cluster_waves(cfg, 1024, 1024) == (0, 128, 132)
-    # 128x64 would need a second wave: 72 tiles of 128x128 stay
-    assert default_config(1152, 1024, 65536).tile_n == 128
-    # a short K stays at 128x128: its time is the tile's latency more than the grid's fill
-    assert default_config(1024, 1024, NARROW_FILL_MIN_K - 64).tile_n == 128
-    assert default_config(1024, 1024, NARROW_FILL_MIN_K).tile_n == 64
+    cfg = default_config(1024, 1024, 65536, kind="accumulate")
+    assert (cfg.tile_m, cfg.tile_n, cfg.cluster_m) == (128, 128, 1) and not cfg.stream_k
+    assert cluster_waves(cfg, 1024, 1024) == (0, 64, 132) and not has_partial_wave(cfg, 1024, 1024)
 
 
 def test_stream_k_where_the_last_wave_is_light():

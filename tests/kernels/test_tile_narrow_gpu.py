@@ -1,5 +1,5 @@
 """The 160-column pingpong tile (config.TILE_N_CHOICES), and the 64-column cooperative tile
-that long-K GEMMs under half a wave take (config.NARROW_FILL_MIN_K), on an sm_90 GPU.
+(the default where N <= 64), on an sm_90 GPU.
 
 It exists for N that a 192-wide tile leaves a partial last wave on (N = 7168). Its N-major B
 operand (dy @ W2's W2, the accumulate's postact) no longer fills a 128B swizzle row, so it takes a
@@ -63,8 +63,8 @@ def test_narrow_tile_dact(act, shape, name):
 
 @pytest.mark.parametrize("shape", [(1024, 8192, 1024), (1000, 4160, 1048)])
 def test_the_64_wide_cooperative_tile_accumulates_as_the_128_wide_one(shape):
-    """The wgrads' 128x64 tile: each element accumulates the same k16 steps in the same order
-    as at 128x128, so the fp32 main-grad path must give the same bits, tails included."""
+    """128x64 against 128x128: each element accumulates the same k16 steps in the same order,
+    so the plain and the fp32 main-grad paths must give the same bits, tails included."""
     from parallel_mlp.kernels.config import GemmConfig
 
     accumulate_twins(GemmConfig(128, 64), GemmConfig(128, 128), shape, times=2, what="coop64")
