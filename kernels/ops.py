@@ -222,10 +222,8 @@ def _tile_counter(device: torch.device) -> torch.Tensor:
     return torch.zeros(1, dtype=torch.int32, device=device)
 
 
-def _stream_k_workspace(m: int, n: int, k: int, cfg, device: torch.device) -> torch.Tensor:
-    """The int32 workspace of one stream-K launch (tile_scheduler, "Stream-K"): its flags zeroed,
-    its partial-sum slots left as they are (each is written before it is read). Fresh per launch
-    for the reasons _tile_counter gives."""
+def _stream_k_words(m: int, n: int, k: int, cfg) -> tuple[int, int]:
+    """(int32 words of a stream-K launch's workspace, how many of them are flags to zero)."""
     from .config import TILE_K, cluster_waves
     from .tile_scheduler import stream_k_flag_words, stream_k_grid, stream_k_workspace_words
 
@@ -234,9 +232,27 @@ def _stream_k_workspace(m: int, n: int, k: int, cfg, device: torch.device) -> to
     clusters = waves * full + rem
     grid = stream_k_grid(clusters, -(-k // TILE_K), full)  # the launch's, as the kernel picks it
     words = stream_k_workspace_words(clusters, grid, cs, cfg.tile_m * cfg.tile_n)
+    return words, min(words, max(1, stream_k_flag_words(clusters % grid, cs)))
+
+
+def _stream_k_workspace(m: int, n: int, k: int, cfg, device: torch.device) -> torch.Tensor:
+    """The int32 workspace of one stream-K launch (tile_scheduler, "Stream-K"): its flags zeroed,
+    its partial-sum slots left as they are (each is written before it is read). Fresh per launch
+    for the reasons _tile_counter gives."""
+    words, flags = _stream_k_words(m, n, k, cfg)
     ws = torch.empty(words, dtype=torch.int32, device=device)
-    ws[: min(words, max(1, stream_k_flag_words(clusters % grid, cs)))].zero_()
+    ws[:flags].zero_()
     return ws
+
+
+def transient_bytes(m: int, n: int, k: int, device: torch.device) -> int:
+    """Device memory a plain or accumulating GEMM of this shape allocates for the length of its
+    launch under the default config: a stream-K workspace, else nothing. The layer orders its
+    backward's GEMMs by it, so that the larger workspace is gone before the other's output is
+    made."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    cfg = default_config(m, n, k, _num_sms(index), "store")
+    return 4 * _stream_k_words(m, n, k, cfg)[0] if cfg.stream_k else 0
 
 
 @functools.lru_cache(maxsize=4096)  # on every launch of the overlap's blocks, like default_config

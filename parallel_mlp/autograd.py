@@ -18,8 +18,8 @@ Backward::
     dW1_r = dpreact.T @ x                                 # runs while dx is on the wire
     wait(dx)
 
-Without a TP group dW1 runs before dx instead: there is no collective to hide, and dW1's
-transient workspace is then gone before dx is made.
+Without a TP group there is no collective to hide, and of dx and dW1 the GEMM with the larger
+transient workspace runs first (dW1 on a tie), so that it is gone before the other's output is made.
 
 Only the local ``x`` is saved: with sequence parallelism, a 1/p slice, re-gathered in backward
 while the dgrad GEMMs run (Megatron does the same). With ``tp_comm_overlap`` the gathers before
@@ -94,6 +94,11 @@ def _cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
 
 def _bias_grad(grad_out: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     return grad_out.sum(0, dtype=torch.float32).to(bias.dtype)
+
+
+def _workspace_of(ops, a: torch.Tensor, b: torch.Tensor, k: int | None = None) -> int:
+    """The transient bytes of the GEMM a @ b (b: [K, N]; k: its K where a is a block of it)."""
+    return ops.transient_bytes(a.shape[0], b.shape[1], k or a.shape[1], a.device)
 
 
 def _fc1(ops, x2d, w1c, b1c, act, store_preact, tp, sp, overlap):
@@ -260,10 +265,12 @@ class ParallelMLPFunction(torch.autograd.Function):
             return all_reduce(dx_full, tp, async_op=True)
 
         # With a TP group, dx goes first so that its all-reduce (or reduce-scatter) runs behind
-        # dW1. Alone, dx has nothing to hide behind: dW1 goes first, so that dW1's transients
-        # (a stream-K GEMM's fp32 partial sums, 16.5 MiB at 128x256 tiles on 132 SMs) are freed
-        # before dx is allocated, instead of adding to the step's peak on top of it.
-        dx_first = need_x and tp.size > 1
+        # dW1. Alone, dx has nothing to hide behind, and the GEMM with the larger transient
+        # workspace (a stream-K GEMM's fp32 partial sums, 16.5 MiB at 128x256 tiles on 132 SMs)
+        # goes first, so that the workspace is freed before the other's output is made instead
+        # of adding to the step's peak on top of it; a tie leaves dW1 first.
+        dx_first = need_x and (tp.size > 1 or (need_w1 and _workspace_of(ops, dpreact, w1c) >
+                                                _workspace_of(ops, dpreact.t(), x2d, rows)))
         dx_pending = dx_in_flight() if dx_first else None
         grad_w1 = (weight_grad(ops, backend, dpreact.t(), x_full(), w1, ctx.fuse)
                    if need_w1 else None)

@@ -6,6 +6,9 @@ Three ops (``b`` is usually a transposed view of a weight)::
     gemm_act(a, b, activation, bias=None, store_preact=True) -> (preact | None, postact)
     gemm_dact(a, b, preact, activation) -> (dpreact, postact)          # dpostact = a @ b
 
+and ``transient_bytes(m, n, k, device)``: the memory a GEMM of that shape allocates for the
+length of one call (the backward orders its GEMMs by it).
+
 For the tensor-parallel overlap, which runs a GEMM block of rows by block of rows, gemm_act and
 gemm_dact also take their outputs (``out_preact``, ``out_postact``, ``out_dpreact``: row blocks of
 the whole outputs), and every op takes ``whole_rows``: the rows of the GEMM ``a`` is a block of,
@@ -94,6 +97,10 @@ class TorchBackend:
     on CUDA, see fused_act)."""
 
     name = "torch"
+
+    @staticmethod
+    def transient_bytes(m, n, k, device):
+        return 0  # cuBLAS's workspace is allocated once per handle, not per call
 
     @staticmethod
     def gemm(a, b, out=None, out_dtype=None, accumulate=False, whole_rows=None):
@@ -190,6 +197,10 @@ class CuteBackend:
         except Exception as e:  # the DSL is missing or broken: say so instead of crashing
             return f"the CuTe DSL kernels cannot be imported ({type(e).__name__}: {e})"
         return ops.unsupported_reason(*tensors)
+
+    @classmethod
+    def transient_bytes(cls, m, n, k, device):
+        return cls._ops().transient_bytes(m, n, k, device)
 
     @classmethod
     def gemm(cls, a, b, out=None, out_dtype=None, accumulate=False, whole_rows=None):

@@ -213,14 +213,21 @@ def test_backward_drops_preact_before_the_input_grad_gemms(monkeypatch):
     assert seen["alive"] == [False, False, False]
 
 
-def _weight_and_input_grad_order(tp_group=None):
+def _weight_and_input_grad_order(tp_group=None, transient=None):
     """The GEMMs the backward runs after the dact, named by their outputs: "dW2" [d_out, h],
-    "dW1" [2h, d_in], "dx" [T, d_in]."""
+    "dW1" [2h, d_in], "dx" [T, d_in]. ``transient``: bytes of workspace each GEMM, by that name,
+    says it allocates (the torch backend's say none)."""
     from parallel_mlp import backends
 
     tokens, d_in, hidden, d_out = 9, 16, 32, 12
     order, started = [], []
     dact, gemm = backends.TorchBackend.gemm_dact, backends.TorchBackend.gemm
+    transient_bytes = backends.TorchBackend.transient_bytes
+    if transient:
+        def named_transient_bytes(m, n, k, device):
+            return transient.get({tokens: "dx", d_out: "dW2"}.get(m, "dW1"), 0)
+
+        backends.TorchBackend.transient_bytes = staticmethod(named_transient_bytes)
 
     def spy_dact(*args, **kw):
         started.append(True)
@@ -239,6 +246,7 @@ def _weight_and_input_grad_order(tp_group=None):
     finally:
         backends.TorchBackend.gemm_dact, backends.TorchBackend.gemm = (staticmethod(dact),
                                                                        staticmethod(gemm))
+        backends.TorchBackend.transient_bytes = staticmethod(transient_bytes)
     return order
 
 
@@ -247,6 +255,14 @@ def test_alone_dw1_runs_before_dx():
     (a stream-K GEMM's fp32 partial sums) are freed before dx exists; run after dx they added
     the workspace to the step's peak (15-17 MB above eager's at h=1376 and h=2560 on an H200)."""
     assert _weight_and_input_grad_order() == ["dW2", "dW1", "dx"]
+
+
+def test_alone_the_gemm_with_the_larger_workspace_runs_first():
+    """Memory, without a TP group: dx's stream-K workspace (T=1000, d=5120, gelu h=10240: 16.5
+    MiB at dx, none at dW1) run after dW1 sat on top of dW1's 100 MB output and put the step's
+    peak 16 MB above eager's; run first, it is freed before dW1 is made."""
+    assert _weight_and_input_grad_order(transient={"dx": 2**24}) == ["dW2", "dx", "dW1"]
+    assert _weight_and_input_grad_order(transient={"dx": 2**20, "dW1": 2**24}) == ["dW2", "dW1", "dx"]
 
 
 def _order_at_tp2(rank, world):
@@ -333,6 +349,7 @@ def test_backward_checks_only_dy_again_and_follows_it(monkeypatch):
     monkeypatch.setattr(backends.CuteBackend, "unsupported_reason", classmethod(unsupported_reason))
     for name in ("gemm", "gemm_act", "gemm_dact"):
         monkeypatch.setattr(backends.CuteBackend, name, delegate(name))
+    monkeypatch.setattr(backends.CuteBackend, "transient_bytes", backends.TorchBackend.transient_bytes)
     torch.manual_seed(0)
     mlp = ParallelMLP(16, 32, activation="swiglu", backend="auto")
     x = torch.randn(9, 16, requires_grad=True)
