@@ -24,7 +24,7 @@ def test_lists_every_step_with_its_command():
                      "tp", "tp_sp", "profile", "host_step", "cold", "clock", "full", "ncu"]
     assert "pytest -q -m gpu tests/kernels" in r.stdout
     commands = dict(line.split(None, 1) for line in r.stdout.splitlines())
-    assert "python3 -m parallel_mlp.bench sweep --budget-s 330 --json" in commands["sweep"]
+    assert "python3 -m parallel_mlp.bench sweep --json" in commands["sweep"]
     assert "-m parallel_mlp.bench tp" in commands["tp"]
     # every bench command a step names exists (the full run's step names none)
     from parallel_mlp.bench.__main__ import COMMANDS

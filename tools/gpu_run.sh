@@ -51,7 +51,7 @@ declare -A CMD=(
   [streamk_fill]="timeout 240 python3 tools/pytest_shards.py 12 -m gpu tests/kernels/test_stream_k_gpu.py; timeout 150 $BENCH configs --T 65536 --d 1024 --h 1024 --act gelu_tanh_approx --only dW2,dW1 --also stream_k=1; timeout 150 $BENCH configs --T 65536 --d 2048 --h 704 --act swiglu --only dW2 --also stream_k=1"
   [gemm]="timeout 500 $BENCH gemm --budget-s 420 --json $OUT/gemm.json"
   [mlp]="timeout 200 $BENCH mlp --skip-compile --iters 15 --warmup 3 --budget-s 170 --json $OUT/mlp.json"
-  [sweep]="timeout 580 $BENCH sweep --budget-s 330 --json $OUT/sweep.json --png $OUT/sweep.png"
+  [sweep]="timeout 580 $BENCH sweep --json $OUT/sweep.json --png $OUT/sweep.png"
   [sweep_small]="timeout 400 $BENCH sweep --torch-backend --tokens 512,1000,2048,4096 --json $OUT/sweep-small.json"
   [tp]="timeout 120 python3 -m pytest -q -m gpu tests/test_layer_gpu.py -k nccl; timeout 420 python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m parallel_mlp.bench tp --configs swiglu:28672,swiglu:14336,gelu_tanh_approx:32768 --json $OUT/tp.json; python3 -m parallel_mlp.bench tp-model --tp-json $OUT/tp.json"
   [tp_sp]="timeout 480 python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m parallel_mlp.bench tp --sequence-parallel --configs swiglu:28672,swiglu:14336,gelu_tanh_approx:32768 --json $OUT/tp-sp.json"
