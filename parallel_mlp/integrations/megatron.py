@@ -33,6 +33,7 @@ from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 from ..activations import get_activation
 from ..checks import require_divisible
 from ..layer import ColumnParallelShard, RowParallelShard, parallel_mlp_func
+from ..overlap import check_option as check_overlap_option
 from ..tp import TPGroup, resolve_group
 from . import gated_layout
 
@@ -143,13 +144,16 @@ class MegatronParallelMLP(MegatronModule):
     replay fc1 there: cheaper than Megatron's selective recompute of the whole MLP),
     ``fuse_grad_accum`` (None: the config's ``gradient_accumulation_fusion``; True turns it on for
     this MLP alone, which needs no APEX, while Megatron's own linears refuse the config flag
-    without APEX) and ``backend`` (``"auto"``, ``"cute"``, ``"torch"``).
+    without APEX), ``tp_comm_overlap`` (None: the config's ``tp_comm_overlap``; else as in
+    ParallelMLP: False, True or ``"auto"``; our overlap runs its collectives block by block
+    beside the GEMMs over NCCL or gloo, with no Transformer Engine userbuffers) and ``backend``
+    (``"auto"``, ``"cute"``, ``"torch"``).
     """
 
     def __init__(self, config, submodules=None, is_expert: bool = False,
                  input_size: Optional[int] = None, ffn_hidden_size: Optional[int] = None,
                  tp_group=None, *, recompute: bool = False, fuse_grad_accum: Optional[bool] = None,
-                 backend: str = "auto"):
+                 tp_comm_overlap=None, backend: str = "auto"):
         super().__init__(config=config)
         if is_expert:
             raise ValueError("is_expert=True: MegatronParallelMLP is the dense MLP; Megatron's MoE "
@@ -175,6 +179,10 @@ class MegatronParallelMLP(MegatronModule):
             fuse_grad_accum = getattr(config, "gradient_accumulation_fusion", False)
         self.fuse_grad_accum = bool(fuse_grad_accum)
         self.recompute, self.backend = bool(recompute), backend
+        if tp_comm_overlap is None:
+            tp_comm_overlap = bool(getattr(config, "tp_comm_overlap", False))
+        check_overlap_option(tp_comm_overlap)
+        self.tp_comm_overlap = tp_comm_overlap
 
         gated = self.activation.gated
         device = torch.device("cpu") if config.use_cpu_initialization else torch.cuda.current_device()
@@ -230,7 +238,8 @@ class MegatronParallelMLP(MegatronModule):
         out = parallel_mlp_func(
             hidden_states, self.linear_fc1.weight, self.linear_fc2.weight, self.activation,
             b1=self.linear_fc1.bias, tp_group=self.tp, sequence_parallel=self.sequence_parallel,
-            recompute=self.recompute, fuse_grad_accum=self.fuse_grad_accum, backend=self.backend)
+            recompute=self.recompute, fuse_grad_accum=self.fuse_grad_accum, backend=self.backend,
+            tp_comm_overlap=self.tp_comm_overlap)
         bias = self.linear_fc2.bias
         # A view, not the Parameter: Megatron's selective recompute of "mlp" wraps this module in
         # its checkpoint, whose backward recurses forever on a leaf handed out of it (the stock
@@ -311,8 +320,8 @@ def interleaved_glu_factory(sh_ten: ShardedTensor, sharded_offsets: tuple = (),
 def mlp_spec(**options) -> ModuleSpec:
     """A ModuleSpec that ``build_module(spec, config=...)`` turns into a
     :class:`MegatronParallelMLP`; ``options`` are its keyword options (``recompute``,
-    ``fuse_grad_accum``, ``backend``)."""
-    known = {"recompute", "fuse_grad_accum", "backend"}
+    ``fuse_grad_accum``, ``tp_comm_overlap``, ``backend``)."""
+    known = {"recompute", "fuse_grad_accum", "tp_comm_overlap", "backend"}
     unknown = set(options) - known
     if unknown:
         raise TypeError(f"mlp_spec: unknown options {sorted(unknown)}; known: {sorted(known)}")

@@ -42,6 +42,7 @@ from torch import nn
 from ..activations import get_activation
 from ..checks import require_divisible
 from ..layer import parallel_mlp_func
+from ..overlap import check_option as check_overlap_option
 from ..params import set_muon_hooks, set_tp_metadata
 from ..tp import resolve_group
 from .hf_activations import gated_activation
@@ -96,16 +97,18 @@ class NanotronParallelMLP(nn.Module):
 
     Reads ``config.hidden_size``, ``config.intermediate_size`` and ``config.hidden_act`` (HF
     activation names: silu/swish -> swiglu, gelu -> geglu_erf, the tanh GELUs -> geglu,
-    relu -> reglu, sigmoid -> glu), and ``parallel_config.tp_mode``. Nanotron's
-    ``tp_linear_async_communication`` needs no counterpart: the layer always overlaps its
-    backward collectives with its GEMMs. Options: ``recompute`` and ``backend`` as in
-    ParallelMLP. No biases (Nanotron's Llama has none).
+    relu -> reglu, sigmoid -> glu), ``parallel_config.tp_mode`` and
+    ``parallel_config.tp_linear_async_communication``. Options: ``recompute``, ``backend`` and
+    ``tp_comm_overlap`` as in ParallelMLP; ``tp_comm_overlap=None`` follows
+    ``tp_linear_async_communication`` (True: ``"auto"``, the collectives run block by block beside
+    the GEMMs where the group is NCCL's; False: off, the backward's collectives still overlapping
+    its weight-gradient GEMMs). No biases (Nanotron's Llama has none).
 
     Gradients are always real ``.grad`` tensors, as Nanotron's gradient accumulator requires.
     """
 
     def __init__(self, config, parallel_config, tp_pg, *, recompute: bool = False,
-                 backend: str = "auto", device=None, dtype=None):
+                 backend: str = "auto", tp_comm_overlap=None, device=None, dtype=None):
         super().__init__()
         self.activation = get_activation(gated_activation(config.hidden_act))
         mode = getattr(parallel_config, "tp_mode", None) or TensorParallelLinearMode.ALL_REDUCE
@@ -114,6 +117,11 @@ class NanotronParallelMLP(nn.Module):
         self.tp = resolve_group(tp_pg)
         self.sequence_parallel = mode is TensorParallelLinearMode.REDUCE_SCATTER
         self.recompute, self.backend = bool(recompute), backend
+        if tp_comm_overlap is None:
+            asynchronous = getattr(parallel_config, "tp_linear_async_communication", False)
+            tp_comm_overlap = "auto" if asynchronous else False
+        check_overlap_option(tp_comm_overlap)
+        self.tp_comm_overlap = tp_comm_overlap
         hidden, inter = config.hidden_size, config.intermediate_size
         require_divisible("intermediate_size", inter, self.tp.size)
         n, r, p = inter // self.tp.size, self.tp.rank, self.tp.size
@@ -146,7 +154,7 @@ class NanotronParallelMLP(nn.Module):
         y = parallel_mlp_func(hidden_states, self.gate_up_proj.weight, self.down_proj.weight,
                               self.activation, tp_group=self.tp,
                               sequence_parallel=self.sequence_parallel, recompute=self.recompute,
-                              backend=self.backend)
+                              backend=self.backend, tp_comm_overlap=self.tp_comm_overlap)
         return {"hidden_states": y}
 
 

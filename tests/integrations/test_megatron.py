@@ -443,6 +443,50 @@ def test_errors_name_the_parameter():
     run_distributed(2, _errors)
 
 
+def _overlap_follows_the_config(rank, world):
+    """tp_comm_overlap=True in the TransformerConfig turns on our block-by-block overlap (no
+    Transformer Engine userbuffers needed), which runs and gives the results of the plain layer;
+    the option overrides the config, and a bad value is refused at construction."""
+    from parallel_mlp import overlap
+
+    megatron_cpu.init_megatron(world)
+    blocks = []
+    real = overlap.gemm_reduce_scatter
+
+    def counting(*args, **kw):
+        blocks.append(1)
+        return real(*args, **kw)
+
+    overlap.gemm_reduce_scatter = counting
+    try:
+        config = _config("swiglu", sequence_parallel=True, tp_comm_overlap=True)
+        torch.manual_seed(3)
+        ours = our_mlp(config)
+        plain = our_mlp(config, tp_comm_overlap=False)
+        plain.load_state_dict(ours.state_dict())
+        assert (ours.tp_comm_overlap, plain.tp_comm_overlap) == (True, False)
+        assert our_mlp(_config("swiglu", sequence_parallel=True)).tp_comm_overlap is False
+        x, dy = sequence()
+        s = SEQ // world
+        x, dy = x[rank * s:(rank + 1) * s], dy[rank * s:(rank + 1) * s]
+        y_p, dx_p = run(plain, x, dy)
+        assert not blocks
+        y_o, dx_o = run(ours, x, dy)
+        assert len(blocks) == 2  # fc2 forward and dx backward, each reduce-scattered by blocks
+        close("y", y_o, y_p)
+        close("dx", dx_o, dx_p)
+        close("dW1", ours.linear_fc1.weight.grad, plain.linear_fc1.weight.grad)
+        close("dW2", ours.linear_fc2.weight.grad, plain.linear_fc2.weight.grad)
+        with pytest.raises(ValueError, match="tp_comm_overlap='yes'"):
+            our_mlp(config, tp_comm_overlap="yes")
+    finally:
+        overlap.gemm_reduce_scatter = real
+
+
+def test_tp_comm_overlap_follows_megatrons_config():
+    run_distributed(2, _overlap_follows_the_config)
+
+
 def _bias_is_a_view(rank, world):
     megatron_cpu.init_megatron(world)
     ours = our_mlp(_config("gelu", add_bias_linear=True))

@@ -139,6 +139,51 @@ def test_async_reduce_scatter_mode_matches_the_reference():
     run_distributed(2, _async_reduce_scatter_against_reference)
 
 
+def _overlap_follows_async_communication(rank, world):
+    """tp_linear_async_communication=True asks for "auto" overlap (on with NCCL, so off on this
+    gloo group); tp_comm_overlap=True forces our block-by-block overlap, which runs and matches
+    the plain layer; a bad value is refused at construction."""
+    import torch.distributed as dist
+
+    from parallel_mlp import overlap
+
+    group = dist.new_group(list(range(world)))
+    config, parallel = configs("silu", "REDUCE_SCATTER", async_comm=True, world=world)
+    torch.manual_seed(0)
+    native = native_mlp(config, parallel, group)
+    assert ours_from(native, config, parallel, group).tp_comm_overlap == "auto"
+    assert ours_from(native, *configs("silu", "REDUCE_SCATTER", world=world), group).tp_comm_overlap is False
+    plain = ours_from(native, config, parallel, group)
+    forced = NanotronParallelMLP(config, parallel, group, backend="torch", tp_comm_overlap=True)
+    forced.load_state_dict(plain.state_dict())
+    blocks = []
+    real = overlap.gemm_reduce_scatter
+
+    def counting(*args, **kw):
+        blocks.append(1)
+        return real(*args, **kw)
+
+    overlap.gemm_reduce_scatter = counting
+    try:
+        x, dy = (local(t, rank, world, True) for t in sequence(4))
+        y_p, dx_p = fwd_bwd(plain, x, dy)
+        assert not blocks  # "auto" on gloo: off
+        y_f, dx_f = fwd_bwd(forced, x, dy)
+        assert len(blocks) == 2  # fc2 forward and dx backward
+    finally:
+        overlap.gemm_reduce_scatter = real
+    close("y", y_f, y_p)
+    close("dx", dx_f, dx_p)
+    close("d gate_up", forced.gate_up_proj.weight.grad, plain.gate_up_proj.weight.grad)
+    close("d down", forced.down_proj.weight.grad, plain.down_proj.weight.grad)
+    with pytest.raises(ValueError, match="tp_comm_overlap=1.5"):
+        NanotronParallelMLP(config, parallel, group, tp_comm_overlap=1.5)
+
+
+def test_tp_comm_overlap_follows_async_communication():
+    run_distributed(2, _overlap_follows_async_communication)
+
+
 # ---- checkpoints --------------------------------------------------------------------------------
 
 
