@@ -251,6 +251,11 @@ def transient_bytes(m: int, n: int, k: int, device: torch.device) -> int:
     backward's GEMMs by it, so that the larger workspace is gone before the other's output is
     made."""
     index = device.index if device.index is not None else torch.cuda.current_device()
+    return _transient_bytes(m, n, k, index)
+
+
+@functools.lru_cache(maxsize=4096)  # asked twice per backward; a pure function of its arguments
+def _transient_bytes(m: int, n: int, k: int, index: int) -> int:
     cfg = default_config(m, n, k, _num_sms(index), "store")
     return 4 * _stream_k_words(m, n, k, cfg)[0] if cfg.stream_k else 0
 

@@ -92,6 +92,7 @@ def test_transient_bytes_is_the_stream_k_workspace_of_the_default_config(monkeyp
     from parallel_mlp.kernels.config import default_config
 
     monkeypatch.setattr(ops, "_num_sms", lambda index: 132)
+    ops._transient_bytes.cache_clear()
     dev = torch.device("cuda", 0)
     cfg = default_config(1000, 5120, 10240)
     assert cfg.stream_k
