@@ -342,8 +342,8 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
     (128 of them) nor stream-K over the whole grid is faster: held on an H200, 2026-12-01 (bench
     configs --T 65536 --d 1024 --h 1024 --act gelu_tanh_approx --only dW2,dW1 --also tile_n=64
     / --also stream_k=1), 0.308 ms at both tiles and 0.40 ms with stream-K, against cuBLAS's
-    0.214. Not profiled; 128x64 reads 3.2 GB of operands from L2 there against 2.1 GB at
-    128x128, so the extra SMs may be waiting on L2.
+    0.214; 2-CTA clusters, whose multicast halves one operand's L2 reads, ran 0.318-0.333 ms.
+    So neither the idle SMs nor L2 reads seem to bound it; not profiled (kernels/NOTES.md).
     """
     def waves(tm, tn):
         tiles = -(-m // tm) * -(-n // tn)
