@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import socket
@@ -74,6 +75,26 @@ def run_distributed(world_size: int, fn, *args, backend: str = "gloo") -> None:
             rank, tb = errors.get()
             details.append(f"--- rank {rank} ---\n{tb}")
         raise AssertionError("distributed test failed:\n" + "\n".join(details)) from e
+
+
+@contextlib.contextmanager
+def counting_block_reduce_scatters():
+    """A list that gets one entry per GEMM the layer runs with tp_comm_overlap's block-by-block
+    reduce-scatter (parallel_mlp.overlap.gemm_reduce_scatter), while the context is open: how the
+    tests see that the overlap ran rather than only that the results agree."""
+    from parallel_mlp import overlap
+
+    calls, real = [], overlap.gemm_reduce_scatter
+
+    def counting(*args, **kw):
+        calls.append(1)
+        return real(*args, **kw)
+
+    overlap.gemm_reduce_scatter = counting
+    try:
+        yield calls
+    finally:
+        overlap.gemm_reduce_scatter = real
 
 
 def torchrun_command(nproc: int, script, *args) -> list[str]:

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 pytest.importorskip("megatron.core", reason="megatron-core is not installed (the 'megatron' extra)")
 
 import megatron_cpu  # noqa: E402
-from dist_utils import run_distributed  # noqa: E402
+from dist_utils import counting_block_reduce_scatters, run_distributed  # noqa: E402
 
 SEQ, BATCH = 8, 3
 
@@ -447,40 +447,28 @@ def _overlap_follows_the_config(rank, world):
     """tp_comm_overlap=True in the TransformerConfig turns on our block-by-block overlap (no
     Transformer Engine userbuffers needed), which runs and gives the results of the plain layer;
     the option overrides the config, and a bad value is refused at construction."""
-    from parallel_mlp import overlap
-
     megatron_cpu.init_megatron(world)
-    blocks = []
-    real = overlap.gemm_reduce_scatter
-
-    def counting(*args, **kw):
-        blocks.append(1)
-        return real(*args, **kw)
-
-    overlap.gemm_reduce_scatter = counting
-    try:
-        config = _config("swiglu", sequence_parallel=True, tp_comm_overlap=True)
-        torch.manual_seed(3)
-        ours = our_mlp(config)
-        plain = our_mlp(config, tp_comm_overlap=False)
-        plain.load_state_dict(ours.state_dict())
-        assert (ours.tp_comm_overlap, plain.tp_comm_overlap) == (True, False)
-        assert our_mlp(_config("swiglu", sequence_parallel=True)).tp_comm_overlap is False
-        x, dy = sequence()
-        s = SEQ // world
-        x, dy = x[rank * s:(rank + 1) * s], dy[rank * s:(rank + 1) * s]
+    config = _config("swiglu", sequence_parallel=True, tp_comm_overlap=True)
+    torch.manual_seed(3)
+    ours = our_mlp(config)
+    plain = our_mlp(config, tp_comm_overlap=False)
+    plain.load_state_dict(ours.state_dict())
+    assert (ours.tp_comm_overlap, plain.tp_comm_overlap) == (True, False)
+    assert our_mlp(_config("swiglu", sequence_parallel=True)).tp_comm_overlap is False
+    x, dy = sequence()
+    s = SEQ // world
+    x, dy = x[rank * s:(rank + 1) * s], dy[rank * s:(rank + 1) * s]
+    with counting_block_reduce_scatters() as blocks:
         y_p, dx_p = run(plain, x, dy)
         assert not blocks
         y_o, dx_o = run(ours, x, dy)
         assert len(blocks) == 2  # fc2 forward and dx backward, each reduce-scattered by blocks
-        close("y", y_o, y_p)
-        close("dx", dx_o, dx_p)
-        close("dW1", ours.linear_fc1.weight.grad, plain.linear_fc1.weight.grad)
-        close("dW2", ours.linear_fc2.weight.grad, plain.linear_fc2.weight.grad)
-        with pytest.raises(ValueError, match="tp_comm_overlap='yes'"):
-            our_mlp(config, tp_comm_overlap="yes")
-    finally:
-        overlap.gemm_reduce_scatter = real
+    close("y", y_o, y_p)
+    close("dx", dx_o, dx_p)
+    close("dW1", ours.linear_fc1.weight.grad, plain.linear_fc1.weight.grad)
+    close("dW2", ours.linear_fc2.weight.grad, plain.linear_fc2.weight.grad)
+    with pytest.raises(ValueError, match="tp_comm_overlap='yes'"):
+        our_mlp(config, tp_comm_overlap="yes")
 
 
 def test_tp_comm_overlap_follows_megatrons_config():

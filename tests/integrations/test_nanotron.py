@@ -25,7 +25,7 @@ import nanotron_cpu  # noqa: E402
 nanotron_cpu.install()
 
 import reference  # noqa: E402
-from dist_utils import run_distributed  # noqa: E402
+from dist_utils import counting_block_reduce_scatters, run_distributed  # noqa: E402
 from parallel_mlp.integrations import gated_layout  # noqa: E402
 from parallel_mlp.integrations.nanotron import (NanotronParallelMLP,  # noqa: E402
                                                 llama_with_parallel_mlp)
@@ -145,8 +145,6 @@ def _overlap_follows_async_communication(rank, world):
     the plain layer; a bad value is refused at construction."""
     import torch.distributed as dist
 
-    from parallel_mlp import overlap
-
     group = dist.new_group(list(range(world)))
     config, parallel = configs("silu", "REDUCE_SCATTER", async_comm=True, world=world)
     torch.manual_seed(0)
@@ -156,22 +154,12 @@ def _overlap_follows_async_communication(rank, world):
     plain = ours_from(native, config, parallel, group)
     forced = NanotronParallelMLP(config, parallel, group, backend="torch", tp_comm_overlap=True)
     forced.load_state_dict(plain.state_dict())
-    blocks = []
-    real = overlap.gemm_reduce_scatter
-
-    def counting(*args, **kw):
-        blocks.append(1)
-        return real(*args, **kw)
-
-    overlap.gemm_reduce_scatter = counting
-    try:
-        x, dy = (local(t, rank, world, True) for t in sequence(4))
+    x, dy = (local(t, rank, world, True) for t in sequence(4))
+    with counting_block_reduce_scatters() as blocks:
         y_p, dx_p = fwd_bwd(plain, x, dy)
         assert not blocks  # "auto" on gloo: off
         y_f, dx_f = fwd_bwd(forced, x, dy)
         assert len(blocks) == 2  # fc2 forward and dx backward
-    finally:
-        overlap.gemm_reduce_scatter = real
     close("y", y_f, y_p)
     close("dx", dx_f, dx_p)
     close("d gate_up", forced.gate_up_proj.weight.grad, plain.gate_up_proj.weight.grad)
