@@ -88,7 +88,8 @@ def ctypes_first_pointer(args):
 def test_transient_bytes_is_the_stream_k_workspace_of_the_default_config(monkeypatch):
     """What the backward orders dx and dW1 by: dx at T=1000, d=5120, h=10240 runs stream-K
     (28 of 132 clusters in its last wave, K = 10240) with a 16.5 MiB workspace; dW1 there
-    (K = 1000) runs whole tiles and allocates nothing."""
+    (K = 1000) runs whole tiles and allocates nothing; the backends say the same."""
+    from parallel_mlp.backends import CuteBackend, TorchBackend
     from parallel_mlp.kernels.config import default_config
 
     monkeypatch.setattr(ops, "_num_sms", lambda index: 132)
@@ -99,3 +100,5 @@ def test_transient_bytes_is_the_stream_k_workspace_of_the_default_config(monkeyp
     assert ops.transient_bytes(1000, 5120, 10240, dev) == 4 * ops._stream_k_words(1000, 5120, 10240, cfg)[0]
     assert 16 * 2**20 < ops.transient_bytes(1000, 5120, 10240, dev) < 17 * 2**20
     assert ops.transient_bytes(10240, 5120, 1000, dev) == 0
+    assert CuteBackend.transient_bytes(1000, 5120, 10240, dev) == ops.transient_bytes(1000, 5120, 10240, dev)
+    assert TorchBackend.transient_bytes(1000, 5120, 10240, dev) == 0
