@@ -201,3 +201,38 @@ def test_step_peak_is_at_most_eagers(tokens, d, h, activation):
     eager = _step_peak_over_start(EagerMLP(chunked_w1(w1, gated), w2.clone(), activation), x, dy)
     ours = _step_peak_over_start(build_parallel_mlp(w1, w2, activation, h, backend="cute"), x, dy)
     assert ours <= eager, f"ours peaks {ours / 2**20:.1f} MiB over start, eager {eager / 2**20:.1f} MiB"
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_cuda_graph_replays_give_the_uncaptured_bits(recompute):
+    """Under torch.cuda.make_graphed_callables (how Megatron and Transformer Engine take the host
+    out of small steps), each replay of the captured fwd+bwd gives the bits of an uncaptured call,
+    and fused accumulation into main_grad adds up over the replays as over plain calls."""
+    needs_cute()
+    plain = make("swiglu", "cute", torch.bfloat16, recompute=recompute, fuse=True, seed=5)
+    captured = make("swiglu", "cute", torch.bfloat16, recompute=recompute, fuse=True, seed=5)
+    for mlp in (plain, captured):
+        for p in (mlp.fc1.weight, mlp.fc2.weight):
+            p.main_grad = torch.zeros(p.shape, dtype=torch.float32, device="cuda")
+    sample = torch.randn(TOKENS, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    graphed = torch.cuda.make_graphed_callables(captured, (sample,))  # captured, its forward swapped
+    for p in (captured.fc1.weight, captured.fc2.weight):
+        p.main_grad.zero_()  # the capture's warmup calls accumulated into it; keep its address
+    g = torch.Generator(device="cuda").manual_seed(6)
+    for step in range(3):
+        x = torch.randn(TOKENS, D, device="cuda", generator=g).bfloat16()
+        dy = torch.randn(TOKENS, D_OUT, device="cuda", generator=g).bfloat16()
+        got, want = {}, {}
+        for mlp, out in ((plain, want), (graphed, got)):
+            mlp.zero_grad(set_to_none=True)
+            xi = x.clone().requires_grad_()
+            y = mlp(xi)
+            y.backward(dy)
+            # copied at once: a replay's outputs live in the graph's static buffers
+            out.update(y=y.detach().clone(), x=xi.grad.clone(), b1=mlp.fc1.bias.grad.clone(),
+                       b2=mlp.fc2.bias.grad.clone())
+        for key in want:
+            assert torch.equal(got[key], want[key]), f"step {step}: {key} differs from the uncaptured call"
+    for name in ("fc1", "fc2"):
+        assert torch.equal(getattr(captured, name).weight.main_grad, getattr(plain, name).weight.main_grad), \
+            f"{name}.main_grad: the replays' accumulation differs from the plain calls'"

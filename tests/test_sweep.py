@@ -127,6 +127,27 @@ def test_torch_backend_and_tokens_flags():
         sweep.grid(sweep.parse_args(["--tokens", "3"]))
 
 
+def test_graphed_flag_adds_both_graphed_variants_and_their_capture_time():
+    args = sweep.parse_args(["--graphed", "--torch-backend", "--no-quack", "--skip-compile"])
+    assert sweep.variants(args) == ["eager", "ours", "ours_recompute", "torch_backend",
+                                    "eager_graphed", "ours_graphed"]
+    args = sweep.apply_defaults(args)
+    # a graphed variant costs what a plain one does, plus its capture
+    plain = sweep.shape_s(GRID[0], ["eager", "ours", "ours_recompute"], args)
+    graphed = sweep.shape_s(GRID[0], ["eager", "ours", "ours_graphed"], args)
+    assert graphed == pytest.approx(plain + sweep.GRAPH_CAPTURE_S)
+
+
+def test_graphed_variants_are_unavailable_without_cuda():
+    from parallel_mlp.bench.harness import Ctx, unavailable
+
+    ctx = Ctx(device=torch.device("cpu"), dtype=torch.bfloat16, tokens=8, d_model=8, configs=[],
+              iters=1, warmup=0, backend="torch", deadline=float("inf"))
+    assert unavailable(ctx, "eager_graphed") == {"unavailable": "CUDA graphs need a GPU"}
+    assert unavailable(ctx, "ours_graphed") == {"unavailable": "CUDA graphs need a GPU"}
+    assert unavailable(ctx, "eager") is None
+
+
 def test_tokens_that_match_nothing_are_an_error_and_the_dry_run_ignores_them(capsys):
     assert sweep.main(["--estimate", "--tokens", "3"]) == 2
     assert "sweep: error: --tokens 3: no shape of this grid" in capsys.readouterr().err
@@ -196,6 +217,22 @@ def test_summary_names_the_shapes_where_the_torch_backend_wins():
             "at 1: T=512 d=1024 gelu_tanh_approx") in text
     assert "(0.800x)" in text
     assert "cute vs the torch backend" not in sweep_report.format_sweep(fake_results())
+
+
+def test_summary_compares_the_graphed_variants():
+    results = fake_results()
+    # graphed: eager 0.19 -> 0.10 at the small shape, ours 0.2 -> 0.08; the big shapes gain ~0
+    for row, eager, ours in zip(results["rows"], (11.0, 5.2, 0.10), (10.0, 5.0, 0.08)):
+        row["variants"]["eager_graphed"] = {"ms": eager}
+        row["variants"]["ours_graphed"] = {"ms": ours}
+    text = sweep_report.format_sweep(results)
+    assert "eager, CUDA graph" in text and "ours, CUDA graph" in text
+    assert "CUDA-graphed, ours vs eager: geomean" in text
+    assert "worst 1.040x (T=8192 d=4096 swiglu h=5504" in text
+    assert "best 1.250x (T=512 d=1024 gelu_tanh_approx" in text
+    assert "the graph's gain, eager: geomean" in text and "1.000x to 1.900x" in text
+    assert "the graph's gain, ours: geomean" in text and "1.000x to 2.500x" in text
+    assert "CUDA-graphed" not in sweep_report.format_sweep(fake_results())
 
 
 def test_quack_missing_says_so_in_the_table_and_cells():

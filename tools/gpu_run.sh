@@ -21,6 +21,9 @@
 #                    its kernels compiled ahead; a JSON and heat maps (~8 min, a call of its own)
 #     sweep_small    the sweep's shapes of T <= 4096 with the torch backend timed beside cute, the
 #                    data for a size rule in backend='auto' (~4 min)
+#     sweep_graphed  the sweep's shapes of T <= 4096 with eager and ours also CUDA-graphed
+#                    (make_graphed_callables): the host-bound steps with the host's launches gone
+#                    (~4 min)
 #     tp             2 GPUs (nvidia-h200-x2): the NCCL tests, then the MLP at TP=2, replicated: ours
 #                    with and without tp_comm_overlap against Megatron-style eager; then tp-model
 #                    on the measured bandwidth (~8 min)
@@ -53,6 +56,7 @@ declare -A CMD=(
   [mlp]="timeout 200 $BENCH mlp --skip-compile --iters 15 --warmup 3 --budget-s 170 --json $OUT/mlp.json"
   [sweep]="timeout 580 $BENCH sweep --json $OUT/sweep.json --png $OUT/sweep.png"
   [sweep_small]="timeout 400 $BENCH sweep --torch-backend --tokens 512,1000,2048,4096 --json $OUT/sweep-small.json"
+  [sweep_graphed]="timeout 420 $BENCH sweep --graphed --no-quack --skip-compile --tokens 512,1000,2048,4096 --json $OUT/sweep-graphed.json"
   [tp]="timeout 120 python3 -m pytest -q -m gpu tests/test_layer_gpu.py -k nccl; timeout 420 python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m parallel_mlp.bench tp --configs swiglu:28672,swiglu:14336,gelu_tanh_approx:32768 --json $OUT/tp.json; python3 -m parallel_mlp.bench tp-model --tp-json $OUT/tp.json"
   [tp_sp]="timeout 480 python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m parallel_mlp.bench tp --sequence-parallel --configs swiglu:28672,swiglu:14336,gelu_tanh_approx:32768 --json $OUT/tp-sp.json"
   [profile]="timeout 200 $BENCH profile && timeout 150 $BENCH profile --h 7168 && timeout 60 $BENCH host"
@@ -62,7 +66,7 @@ declare -A CMD=(
   [full]="timeout 570 $BENCH --budget-s 420 --json $OUT/bench.json --png $OUT/bench.png"
   [ncu]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 5 --launch-count 5 --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis $BENCH ncu-cases"
 )
-ORDER=(tests_kernels tests_layer tests_all streamk streamk_fill gemm mlp sweep sweep_small tp tp_sp profile host_step cold clock full ncu)
+ORDER=(tests_kernels tests_layer tests_all streamk streamk_fill gemm mlp sweep sweep_small sweep_graphed tp tp_sp profile host_step cold clock full ncu)
 
 steps=("$@")
 if [ ${#steps[@]} -eq 0 ]; then

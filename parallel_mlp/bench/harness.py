@@ -231,6 +231,8 @@ def ours_or_reason(ctx: Ctx):
 def unavailable(ctx: Ctx, variant: str):
     """Why a variant cannot run here (ours without its backend, a baseline without its package),
     as the row to record in its place; None when it can run."""
+    if variant.endswith("_graphed") and not ctx.cuda:
+        return {"unavailable": "CUDA graphs need a GPU"}
     if variant.startswith("ours"):
         return ours_or_reason(ctx)
     if variant in ctx.unavailable:

@@ -23,6 +23,7 @@ from .models import (
     EagerMLP,
     build_parallel_mlp,
     chunked_w1,
+    cuda_graphed,
     config_label,
     fc1_features,
     mlp_flops,
@@ -50,9 +51,21 @@ def mlp_builders(ctx: Ctx, act: str, h: int, w1: torch.Tensor, w2: torch.Tensor)
         # when it sees the second config's shapes and compile shape-generic, slower kernels.
         return torch.compile(EagerMLP(chunked_w1(w1, gated), w2.clone(), act), dynamic=False)
 
+    def eager():
+        return EagerMLP(chunked_w1(w1, gated), w2.clone(), act)
+
+    def ours():
+        return build_parallel_mlp(w1, w2, act, h, backend=ctx.backend)
+
+    def graphed(build):
+        sample = ctx.rand(ctx.tokens, ctx.d_model).requires_grad_(True)
+        return cuda_graphed(build(), sample)
+
     return {
-        "eager": lambda: EagerMLP(chunked_w1(w1, gated), w2.clone(), act),
-        "ours": lambda: build_parallel_mlp(w1, w2, act, h, backend=ctx.backend),
+        "eager": eager,
+        "ours": ours,
+        "eager_graphed": lambda: graphed(eager),
+        "ours_graphed": lambda: graphed(ours),
         "ours_recompute": lambda: build_parallel_mlp(w1, w2, act, h, backend=ctx.backend,
                                                      recompute=True),
         "torch_backend": lambda: build_parallel_mlp(w1, w2, act, h, backend="torch"),

@@ -81,6 +81,14 @@ class EagerMLP(nn.Module):
         return self.act(x @ self.w1.t()) @ self.w2.t()
 
 
+def cuda_graphed(model: nn.Module, sample_x: torch.Tensor) -> nn.Module:
+    """``model`` with its forward and backward captured in CUDA graphs and replayed on every call
+    (torch.cuda.make_graphed_callables, what Megatron's and Transformer Engine's CUDA-graph
+    options use): a step then costs the host a few launches, whatever its kernels. Each call
+    copies its input into the graph's static one; the capture runs three warmup steps first."""
+    return torch.cuda.make_graphed_callables(model, (sample_x,))
+
+
 def chunked_w1(w1: torch.Tensor, gated: bool) -> torch.Tensor:
     """Our interleaved gated W1 -> the [gate rows; up rows] layout EagerMLP chunks, so that both
     compute the same function and can check each other."""
@@ -149,13 +157,25 @@ def step_peak_memory(ctx: Ctx, model: nn.Module, xs, dys, held_by_others: int = 
     ctx.sync()
     torch.cuda.reset_peak_memory_stats(ctx.device)
     before = torch.cuda.memory_allocated(ctx.device)
+    requested_before = _requested_bytes(ctx.device, "current")
     for i in range(steps):
         train_step(model, xs[i % len(xs)], dys[i % len(dys)])
     ctx.sync()
     peak = torch.cuda.max_memory_allocated(ctx.device)
+    out = {"peak_mem_gb": (peak - held_by_others) / 2 ** 30,
+           "peak_over_start_gb": (peak - before) / 2 ** 30}
+    requested_peak = _requested_bytes(ctx.device, "peak")
+    if requested_peak is not None and requested_before is not None:
+        # What the tensors asked for, before the caching allocator rounds each block up (a
+        # block it does not split counts whole): tells a layout of allocations from the
+        # allocator's granularity when two variants' peaks differ by a MiB or two.
+        out["requested_peak_over_start_gb"] = (requested_peak - requested_before) / 2 ** 30
     clear_grads(model, xs)
-    return {"peak_mem_gb": (peak - held_by_others) / 2 ** 30,
-            "peak_over_start_gb": (peak - before) / 2 ** 30}
+    return out
+
+
+def _requested_bytes(device, which: str) -> int | None:
+    return torch.cuda.memory_stats(device).get(f"requested_bytes.all.{which}")
 
 
 def prepare_mlp_variant(ctx: Ctx, model: nn.Module, xs, dys, reference, held_by_others: int = 0):

@@ -82,6 +82,7 @@ QUACK_WARM_S = 60.0
 FIRST_COMPILE_S = 15.0
 COMPILE_S = 3.0
 SHAPE_SETUP_S = 1.0      # weights and inputs drawn, outputs checked
+GRAPH_CAPTURE_S = 1.0    # a graphed variant's three warmup steps and two captures (a guess)
 STEP_RATE = 450e12       # FLOP/s of a step, below every variant's at large shapes
 STEP_FLOOR_S = 0.4e-3    # a step's launches and host time at small shapes
 REPORT_S = 5.0
@@ -113,6 +114,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--torch-backend", action="store_true",
                    help="also time ParallelMLP on its torch backend (cuBLAS and fused torch "
                         "activations): the data a size rule for backend='auto' would need")
+    p.add_argument("--graphed", action="store_true",
+                   help="also time eager and ours with each step captured in CUDA graphs "
+                        "(torch.cuda.make_graphed_callables): what remains of a host-bound "
+                        "step once the host's launches are gone")
     p.add_argument("--tokens", default=None,
                    help="only the grid's shapes with these tokens per rank, e.g. 512,1000,2048")
     p.add_argument("--skip-compile", action="store_true", help="no torch.compile baseline")
@@ -163,6 +168,9 @@ def variants(args: argparse.Namespace) -> list[str]:
     names = [v for v in VARIANTS if v not in skip]
     if args.torch_backend and args.backend != "torch":  # with --backend torch, ours is it
         names.insert(names.index("ours_recompute") + 1, "torch_backend")
+    if args.graphed:
+        at = names.index("ours_recompute") + 1 + ("torch_backend" in names)
+        names[at:at] = ["eager_graphed", "ours_graphed"]
     return names
 
 
@@ -181,7 +189,9 @@ def shape_s(shape: Shape, names, args: argparse.Namespace) -> float:
     timed = (args.rounds * (args.hold_s + HOLD_QUEUE * step) if args.hold_s > 0
              else args.iters * step)
     per_variant = (args.warmup + 3) * step + timed
-    return SHAPE_SETUP_S + len(names) * per_variant + (COMPILE_S if "compile" in names else 0.0)
+    graphs = GRAPH_CAPTURE_S * sum(name.endswith("_graphed") for name in names)
+    return (SHAPE_SETUP_S + len(names) * per_variant + graphs
+            + (COMPILE_S if "compile" in names else 0.0))
 
 
 def compile_ahead_s(n_kernels: int, warm_quack: bool, jobs: int) -> float:

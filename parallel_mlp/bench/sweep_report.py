@@ -11,7 +11,8 @@ from .report import Notes, num, run_lines, save_figure, table, timing_line
 
 VARIANT_NAMES = {"ours": "ours", "ours_recompute": "ours recompute", "eager": "eager",
                  "compile": "torch.compile", "quack": "quack",
-                 "torch_backend": "ours, torch backend"}
+                 "torch_backend": "ours, torch backend", "eager_graphed": "eager, CUDA graph",
+                 "ours_graphed": "ours, CUDA graph"}
 # Against whom ours' summary and heat maps compare it: (variant, key of ours' ratio, label).
 BASELINES = (("eager", "speedup_vs_eager", "eager"), ("compile", None, "torch.compile"),
              ("quack", "speedup_vs_quack", "quack"))
@@ -21,10 +22,11 @@ def _ms(m) -> float | None:
     return m.get("ms") if isinstance(m, dict) else None
 
 
-def ours_over(row: dict, baseline: str) -> float | None:
-    """baseline's time / ours' (default mode) at this row: > 1 where ours is faster."""
+def ours_over(row: dict, baseline: str, ours: str = "ours") -> float | None:
+    """baseline's time / ours' (default mode, or the variant named) at this row: > 1 where ours
+    is faster."""
     v = row.get("variants", {})
-    ours, base = _ms(v.get("ours")), _ms(v.get(baseline))
+    ours, base = _ms(v.get(ours)), _ms(v.get(baseline))
     return base / ours if ours and base else None
 
 
@@ -84,7 +86,7 @@ def summary(results: dict) -> list[str]:
         lines.append(f"  vs {label:14s} geomean {geomean([x for x, _ in pairs]):.3f}x   "
                      f"worst {lo[0]:.3f}x ({lo[1]})   best {hi[0]:.3f}x ({hi[1]})   "
                      f"{len(pairs)} shapes")
-    lines += backend_choice(rows)
+    lines += backend_choice(rows) + graphed(rows)
     rec = [r["recompute_ratio"] for r in rows if r.get("recompute_ratio")]
     if rec:
         lines.append(f"  recompute / default time: geomean {geomean(rec):.3f}, "
@@ -105,6 +107,24 @@ def backend_choice(rows: list[dict]) -> list[str]:
     return [f"  cute vs the torch backend: geomean {geomean([x for x, _ in pairs]):.3f}x over "
             f"{len(pairs)} shapes; the torch backend is faster at {len(slower)}"
             + (": " + ", ".join(slower) if slower else "")]
+
+
+def graphed(rows: list[dict]) -> list[str]:
+    """Where both were timed CUDA-graphed (--graphed): ours against eager with the host's launches
+    gone from both, and what the graph gained each."""
+    pairs = [(x, r["label"]) for r in rows
+             if (x := ours_over(r, "eager_graphed", "ours_graphed")) is not None]
+    if not pairs:
+        return []
+    lo, hi = min(pairs), max(pairs)
+    lines = [f"  CUDA-graphed, ours vs eager: geomean {geomean([x for x, _ in pairs]):.3f}x   "
+             f"worst {lo[0]:.3f}x ({lo[1]})   best {hi[0]:.3f}x ({hi[1]})   {len(pairs)} shapes"]
+    for name, label in (("eager", "eager"), ("ours", "ours")):
+        gains = [x for r in rows if (x := ours_over(r, name, f"{name}_graphed")) is not None]
+        if gains:
+            lines.append(f"  the graph's gain, {label}: geomean {geomean(gains):.3f}x, "
+                         f"{min(gains):.3f}x to {max(gains):.3f}x")
+    return lines
 
 
 def format_sweep(results: dict) -> str:
