@@ -203,21 +203,27 @@ def test_step_peak_is_at_most_eagers(tokens, d, h, activation):
     assert ours <= eager, f"ours peaks {ours / 2**20:.1f} MiB over start, eager {eager / 2**20:.1f} MiB"
 
 
-@pytest.mark.parametrize("recompute", [False, True])
-def test_cuda_graph_replays_give_the_uncaptured_bits(recompute):
+@pytest.mark.parametrize("recompute,main_grad", [(False, True), (True, True), (False, False)])
+def test_cuda_graph_replays_give_the_uncaptured_bits(recompute, main_grad):
     """Under torch.cuda.make_graphed_callables (how Megatron and Transformer Engine take the host
-    out of small steps), each replay of the captured fwd+bwd gives the bits of an uncaptured call,
-    and fused accumulation into main_grad adds up over the replays as over plain calls."""
+    out of small steps), each replay of the captured fwd+bwd gives the bits of an uncaptured call;
+    with Megatron's main_grad, the fused accumulation adds up over the replays as over plain
+    calls (and the weights' returned grads are its dummies, as Megatron's DDP expects)."""
     needs_cute()
-    plain = make("swiglu", "cute", torch.bfloat16, recompute=recompute, fuse=True, seed=5)
-    captured = make("swiglu", "cute", torch.bfloat16, recompute=recompute, fuse=True, seed=5)
-    for mlp in (plain, captured):
-        for p in (mlp.fc1.weight, mlp.fc2.weight):
-            p.main_grad = torch.zeros(p.shape, dtype=torch.float32, device="cuda")
+    plain = make("swiglu", "cute", torch.bfloat16, recompute=recompute, fuse=main_grad, seed=5)
+    captured = make("swiglu", "cute", torch.bfloat16, recompute=recompute, fuse=main_grad, seed=5)
+    weights = ("fc1", "fc2")
+    if main_grad:
+        for mlp in (plain, captured):
+            for name in weights:
+                p = getattr(mlp, name).weight
+                p.main_grad = torch.zeros(p.shape, dtype=torch.float32, device="cuda")
+                p.grad_added_to_main_grad = False
     sample = torch.randn(TOKENS, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    graphed = torch.cuda.make_graphed_callables(captured, (sample,))  # captured, its forward swapped
-    for p in (captured.fc1.weight, captured.fc2.weight):
-        p.main_grad.zero_()  # the capture's warmup calls accumulated into it; keep its address
+    graphed = torch.cuda.make_graphed_callables(captured, (sample,))  # captured, forward swapped
+    if main_grad:
+        for name in weights:  # the capture's warmup calls accumulated into it; keep its address
+            getattr(captured, name).weight.main_grad.zero_()
     g = torch.Generator(device="cuda").manual_seed(6)
     for step in range(3):
         x = torch.randn(TOKENS, D, device="cuda", generator=g).bfloat16()
@@ -231,8 +237,10 @@ def test_cuda_graph_replays_give_the_uncaptured_bits(recompute):
             # copied at once: a replay's outputs live in the graph's static buffers
             out.update(y=y.detach().clone(), x=xi.grad.clone(), b1=mlp.fc1.bias.grad.clone(),
                        b2=mlp.fc2.bias.grad.clone())
+            if not main_grad:
+                out.update({name: getattr(mlp, name).weight.grad.clone() for name in weights})
         for key in want:
             assert torch.equal(got[key], want[key]), f"step {step}: {key} differs from the uncaptured call"
-    for name in ("fc1", "fc2"):
+    for name in weights if main_grad else ():
         assert torch.equal(getattr(captured, name).weight.main_grad, getattr(plain, name).weight.main_grad), \
             f"{name}.main_grad: the replays' accumulation differs from the plain calls'"

@@ -219,6 +219,15 @@ def test_summary_names_the_shapes_where_the_torch_backend_wins():
     assert "cute vs the torch backend" not in sweep_report.format_sweep(fake_results())
 
 
+def test_header_says_when_autograd_threads_were_off():
+    results = fake_results()
+    assert "autograd device threads off" not in sweep_report.format_sweep(results)
+    results["meta"]["autograd_threads"] = False
+    assert "autograd device threads off: every backward ran on the calling thread" in \
+        sweep_report.format_sweep(results)
+    assert sweep.parse_args(["--no-autograd-threads"]).no_autograd_threads
+
+
 def test_summary_compares_the_graphed_variants():
     results = fake_results()
     # graphed: eager 0.19 -> 0.10 at the small shape, ours 0.2 -> 0.08; the big shapes gain ~0

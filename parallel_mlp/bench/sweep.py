@@ -118,6 +118,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="also time eager and ours with each step captured in CUDA graphs "
                         "(torch.cuda.make_graphed_callables): what remains of a host-bound "
                         "step once the host's launches are gone")
+    p.add_argument("--no-autograd-threads", action="store_true",
+                   help="run every variant's backward on the calling thread "
+                        "(torch.autograd.set_multithreading_enabled(False)) instead of autograd's "
+                        "CUDA device thread, as a user can choose for host-bound steps")
     p.add_argument("--tokens", default=None,
                    help="only the grid's shapes with these tokens per rank, e.g. 512,1000,2048")
     p.add_argument("--skip-compile", action="store_true", help="no torch.compile baseline")
@@ -323,8 +327,10 @@ def run(args: argparse.Namespace) -> dict:
     if args.quack_tuned and "quack" not in ctx.unavailable:
         log("quack tuned: its autotuning at every shape is not in the estimate")
 
+    if args.no_autograd_threads:
+        torch.autograd.set_multithreading_enabled(False)  # for the whole run, every variant
     meta = environment(ctx) | {
-        "mode": "sweep", "dtype": args.dtype, "hold_s": args.hold_s, "rounds": args.rounds,
+        "mode": "sweep", "autograd_threads": not args.no_autograd_threads, "dtype": args.dtype, "hold_s": args.hold_s, "rounds": args.rounds,
         "warmup": args.warmup, "iters": args.iters, "dry_run": args.dry_run,
         "quick": args.quick, "variants": names, "budget_s": args.budget_s, "estimate": plan,
         "backend_note": getattr(args, "backend_note", None),

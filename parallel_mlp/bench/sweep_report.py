@@ -33,6 +33,9 @@ def ours_over(row: dict, baseline: str, ours: str = "ours") -> float | None:
 def _header(results: dict) -> list[str]:
     meta = results.get("meta", {})
     lines = run_lines(meta, "parallel_mlp.bench sweep") + [timing_line(meta)]
+    if meta.get("autograd_threads") is False:
+        lines.append("autograd device threads off: every backward ran on the calling thread "
+                     "(torch.autograd.set_multithreading_enabled(False))")
     quack = meta.get("quack") or {}
     if quack.get("unavailable"):
         lines.append(f"quack: skipped: {quack['unavailable']}")
