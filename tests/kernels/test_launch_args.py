@@ -81,3 +81,25 @@ def test_launch_args_equal_the_dsl_arguments(name, cfg_kwargs, build, monkeypatc
     for i, (x, y, t) in enumerate(zip(ours, theirs, present)):
         n = struct_size(t)
         assert ctypes.string_at(x, n) == ctypes.string_at(y, n), f"{name}: argument {i} differs"
+
+
+def test_each_thread_reuses_its_own_argument_buffer():
+    """Launches are synchronous on the host, so a thread packs every launch of an argument count
+    into one buffer; another thread never shares it."""
+    import threading
+
+    from parallel_mlp.kernels import ops
+
+    a, b = torch.zeros(4, 8, dtype=torch.bfloat16), torch.zeros(8, 16, dtype=torch.bfloat16)
+    first, _ = ops._launch_args((a, None, b), 7)
+    first = list(first)
+    again, keep = ops._launch_args((b, a), 9)
+    assert again == first  # same count, same slots
+    assert ctypes.string_at(again[0], 8) == b.data_ptr().to_bytes(8, "little")
+    assert ctypes.string_at(again[1], 8) == a.data_ptr().to_bytes(8, "little")
+    assert ctypes.string_at(again[2], 8) == (9).to_bytes(8, "little")
+    other = []
+    worker = threading.Thread(target=lambda: other.append(list(ops._launch_args((a, b), 7)[0])))
+    worker.start()
+    worker.join()
+    assert not set(other[0]) & set(first)
