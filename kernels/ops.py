@@ -141,8 +141,11 @@ def _num_sms(index: int) -> int:
 
 def _major(t: torch.Tensor) -> str:
     """'row' if the last dim is contiguous, else 'col'."""
-    if t.stride(1) == 1 and (t.size(1) > 1 or t.stride(0) != 1 or t.size(0) == 1):
-        return "row"
+    s0, s1 = t.stride()
+    if s1 == 1:
+        rows, cols = t.shape
+        if cols > 1 or s0 != 1 or rows == 1:
+            return "row"
     return "col"
 
 
@@ -388,13 +391,18 @@ def _aligned(*widths_and_sizes) -> bool:
 
 
 def _shapes(a, b):
-    if a.dim() != 2 or b.dim() != 2:
-        raise ValueError(f"a and b must be matrices; got {tuple(a.shape)} and {tuple(b.shape)}")
-    if a.shape[1] != b.shape[0]:
+    """(M, K, N) of a @ b, after checking that they are matrices of one 16-bit dtype with matching
+    inner dims. On every launch: shapes unpacked once, dtypes compared by identity."""
+    try:
+        (m, k), (kb, n) = a.shape, b.shape
+    except ValueError:
+        raise ValueError(f"a and b must be matrices; got {tuple(a.shape)} and {tuple(b.shape)}") from None
+    if k != kb:
         raise ValueError(f"a is {tuple(a.shape)} and b is {tuple(b.shape)}: inner dims differ")
-    if a.dtype != b.dtype or a.dtype not in (torch.bfloat16, torch.float16):
+    dtype = a.dtype
+    if dtype is not b.dtype or (dtype is not torch.bfloat16 and dtype is not torch.float16):
         raise ValueError(f"a and b must both be bfloat16 or both float16; got {a.dtype}, {b.dtype}")
-    return a.shape[0], a.shape[1], b.shape[1]
+    return m, k, n
 
 
 # ---- the ops -----------------------------------------------------------------------------------
