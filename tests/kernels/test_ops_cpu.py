@@ -1,5 +1,6 @@
 """What the cute ops say on a machine where they cannot run."""
 
+import pytest
 import torch
 
 from parallel_mlp.kernels import ops
@@ -102,3 +103,18 @@ def test_transient_bytes_is_the_stream_k_workspace_of_the_default_config(monkeyp
     assert ops.transient_bytes(10240, 5120, 1000, dev) == 0
     assert CuteBackend.transient_bytes(1000, 5120, 10240, dev) == ops.transient_bytes(1000, 5120, 10240, dev)
     assert TorchBackend.transient_bytes(1000, 5120, 10240, dev) == 0
+
+
+def test_gemm_refuses_bad_operands_naming_the_rule():
+    """ops check shapes and dtypes before anything else, on any device."""
+    from parallel_mlp.kernels import ops
+
+    a = torch.zeros(4, 8, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"must be matrices; got \(2, 4, 8\) and \(8, 16\)"):
+        ops.gemm(torch.zeros(2, 4, 8, dtype=torch.bfloat16), torch.zeros(8, 16, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match=r"a is \(4, 8\) and b is \(9, 16\): inner dims differ"):
+        ops.gemm(a, torch.zeros(9, 16, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="both be bfloat16 or both float16; got torch.bfloat16, torch.float16"):
+        ops.gemm(a, torch.zeros(8, 16, dtype=torch.float16))
+    with pytest.raises(ValueError, match="got torch.float32, torch.float32"):
+        ops.gemm(a.float(), torch.zeros(8, 16))
