@@ -57,3 +57,24 @@ def test_unknown_command_is_refused(capsys):
 
     assert main(["nope"]) == 2
     assert "unknown command 'nope'" in capsys.readouterr().err
+
+
+def test_configs_refuses_a_negative_graph_length(capsys):
+    from parallel_mlp.bench import gemm_configs
+
+    with pytest.raises(SystemExit):
+        gemm_configs.main(["--graphed", "-1"])
+    assert "--graphed -1: give the calls per graph" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_graphed_replays_the_captured_calls():
+    from parallel_mlp.bench.timing import graphed
+
+    counter = torch.zeros(1, device="cuda")
+    replay = graphed(lambda: counter.add_(1), calls=5, warmup=2)
+    assert counter.item() == 2  # the warmup calls ran; the capture ran nothing
+    replay()
+    replay()
+    assert counter.item() == 12

@@ -24,7 +24,7 @@ import functools
 
 import torch
 
-from .timing import DEFAULT_HOLD_S, host_us_per_call, median_ms_held, median_ms_interleaved
+from .timing import DEFAULT_HOLD_S, graphed, host_us_per_call, median_ms_held, median_ms_interleaved
 
 
 def main(argv=None) -> int:
@@ -60,9 +60,15 @@ def main(argv=None) -> int:
                    help="each function runs back to back this long per turn, 3 turns (its own "
                    "clock, as in training); 0: call by call, round-robin (one shared clock: "
                    "compares cycles, not time)")
+    p.add_argument("--graphed", type=int, default=0, metavar="CALLS",
+                   help="time every column as a CUDA graph of CALLS back-to-back calls (timing."
+                   "graphed): the kernels without their launches' host time, for GEMMs short "
+                   "enough that the host would bound the timing loop; times are per call")
     p.add_argument("--scale", type=float, default=0.02,
                    help="standard deviation of every random operand (1: preact and dy at unit scale, as in training)")
     args = p.parse_args(argv)
+    if args.graphed < 0:
+        p.error(f"--graphed {args.graphed}: give the calls per graph (0: no graph)")
     variants = [_parse_fields(a) for a in args.also]
 
     if not torch.cuda.is_available():
@@ -116,9 +122,14 @@ def main(argv=None) -> int:
     pingpong = args.consumers == "pingpong"
 
     def timed(fns, reps, warmup):
+        calls = max(args.graphed, 1)
+        if args.graphed:
+            fns = [graphed(fn, calls) for fn in fns]
         if args.hold_s > 0:
-            return median_ms_held(fns, hold_s=args.hold_s, warmup=warmup)
-        return median_ms_interleaved(fns, reps=reps, warmup=warmup)
+            times = median_ms_held(fns, hold_s=args.hold_s, warmup=warmup)
+        else:
+            times = median_ms_interleaved(fns, reps=reps, warmup=warmup)
+        return [t / calls for t in times]
 
     for name, M, N, K, ref, ours in rows:
         if only and name.split()[0] not in only:

@@ -101,6 +101,26 @@ def median_ms_held(fns, hold_s=None, rounds=3, warmup=1):
     return [statistics.median(t) for t in turns]
 
 
+def graphed(fn: Callable[[], object], calls: int, warmup: int = 2) -> Callable[[], None]:
+    """``fn`` called ``calls`` times in a row, captured once into a CUDA graph; returns the graph's
+    replay. Timing a replay times those calls' kernels without their host side (the Python and
+    driver calls of each launch are not replayed): a kernel of tens of microseconds, whose
+    launches take nearly as long on a slow host, is then measured rather than its launches.
+    ``fn`` runs ``warmup`` times first, on a side stream as capture requires (it compiles and
+    allocates there); what it allocates inside the capture comes from the graph's own pool."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return graph.replay
+
+
 def median_ms_interleaved(fns, reps=10, warmup=1):
     """Median CUDA-event times (ms) of several functions, after `warmup` untimed rounds (the
     first call also compiles), called round-robin: f0, f1, ..., f0, f1, ... so that each sees
