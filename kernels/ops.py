@@ -14,6 +14,7 @@ shape, remember the choice on disk).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import functools
@@ -308,12 +309,33 @@ def _pick_config(spec, a, bk, d_dtype, config, tuned, whole_rows=None):
     return default_config(m, n, k, _num_sms(dev), spec.kind)
 
 
+# A function that rewrites the config of every launch made without config= or tuned=True, or
+# None (normal use). The kernel developer's benchmark sets it to time configs other than the
+# rule's (bench configs --also / --sweep) through the ops' own paths; while it is set, launches
+# bypass the plan cache, whose plans are the rule's.
+_config_rewrite = None
+
+
+@contextlib.contextmanager
+def rewriting_configs(rewrite):
+    """Within this context, launches without config= or tuned=True run ``rewrite(cfg)`` instead of
+    the rule's cfg (a block of the overlap's row-blocked GEMMs included)."""
+    global _config_rewrite
+    previous, _config_rewrite = _config_rewrite, rewrite
+    try:
+        yield
+    finally:
+        _config_rewrite = previous
+
+
 def _plan(spec: EpilogueSpec, a, bk, d_dtype, bias, config, tuned, whole_rows):
     """(config, compiled kernel) of a launch: the config rule (or the caller's config), checked
     against the device, and the kernel it names, compiled or loaded on first use."""
     from .compile import KernelKey, get_kernel
 
     cfg = _pick_config(spec, a, bk, d_dtype, config, tuned, whole_rows)
+    if config is None and not tuned and _config_rewrite is not None:
+        cfg = _config_rewrite(cfg)
     if cfg.stream_k:
         dev = a.device.index if a.device.index is not None else torch.cuda.current_device()
         if cfg.num_sms > _num_sms(dev):
@@ -345,7 +367,7 @@ _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.curre
 def _launch(spec: EpilogueSpec, a, bk, d=None, post=None, prein=None, dpre=None, bias=None, *, d_dtype, config=None, tuned=False, whole_rows=None):
     """Run the kernel D/epilogue(a @ bk.T) with bk the (N, K) view of b."""
     index = a.device.index
-    if config is None and not tuned:
+    if config is None and not tuned and _config_rewrite is None:
         plan_key = (spec, a.shape[0], bk.shape[0], a.shape[1], a.dtype, _major(a), _major(bk),
                     d_dtype, None if bias is None else bias.dtype, index, whole_rows)
         plan = _plans.get(plan_key)

@@ -201,12 +201,8 @@ def _with_overrides(fn, fields):
     """Run an op lambda with the config ops picks, these GemmConfig fields replaced."""
     from ..kernels import ops
 
-    old = ops._pick_config
-    ops._pick_config = lambda *a, **k: dataclasses.replace(old(*a, **k), **fields)
-    try:
+    with ops.rewriting_configs(lambda cfg: dataclasses.replace(cfg, **fields)):
         return fn()
-    finally:
-        ops._pick_config = old
 
 
 def _with_scheduler(fn, scheduler):
@@ -214,28 +210,18 @@ def _with_scheduler(fn, scheduler):
     dynamic one, which supports no others)."""
     from ..kernels import ops
 
-    old = ops._pick_config
-
-    def pick(*a, **k):
-        cfg = old(*a, **k)
+    def rewrite(cfg):
         if scheduler == "dynamic":
             cfg = dataclasses.replace(cfg, cluster_m=1, cluster_n=1)
         return dataclasses.replace(cfg, scheduler=scheduler)
 
-    ops._pick_config = pick
-    try:
+    with ops.rewriting_configs(rewrite):
         return fn()
-    finally:
-        ops._pick_config = old
 
 
 def _with_config(fn, cfg):
     """Run a zero-argument op lambda with ops' config forced to `cfg`."""
     from ..kernels import ops
 
-    old = ops._pick_config
-    ops._pick_config = lambda *a, **k: cfg
-    try:
+    with ops.rewriting_configs(lambda _: cfg):
         return fn()
-    finally:
-        ops._pick_config = old

@@ -79,6 +79,42 @@ def test_a_launch_of_a_shape_seen_before_reuses_its_plan(monkeypatch):
     assert len(lookups) == 4 and lookups[-1].config == GemmConfig(128, 128)
 
 
+def test_a_config_rewrite_reaches_launches_whose_plan_is_cached(monkeypatch):
+    """bench configs times other configs than the rule's through ops.rewriting_configs: the
+    rewritten config must be the one launched even where the rule's plan for that shape is
+    cached, and the cache must hold the rule's plan again afterwards."""
+    import dataclasses
+
+    from parallel_mlp.kernels import compile as kcompile
+    from parallel_mlp.kernels.epilogue_spec import EpilogueSpec
+
+    launched = []
+
+    class Kernel:
+        def __init__(self, key):
+            self.key = key
+
+        def run_compiled_program(self, args):
+            launched.append(self.key.config)
+
+    monkeypatch.setattr(kcompile, "get_kernel", lambda key, use_disk=True: Kernel(key))
+    monkeypatch.setattr(ops, "_plans", {})
+    monkeypatch.setattr(ops, "_stream_handle", lambda index: 0)
+    monkeypatch.setattr(ops, "_current_device", lambda: None)
+    monkeypatch.setattr(ops, "_num_sms", lambda index: 132)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    spec = EpilogueSpec("store")
+    a, b = torch.empty(256, 512, dtype=torch.bfloat16), torch.empty(256, 512, dtype=torch.bfloat16)
+    d = torch.empty(256, 256, dtype=torch.bfloat16)
+    ops._launch(spec, a, b, d=d, d_dtype=torch.bfloat16)  # the rule's plan, now cached
+    rule = launched[-1]
+    with ops.rewriting_configs(lambda cfg: dataclasses.replace(cfg, tile_n=64)):
+        ops._launch(spec, a, b, d=d, d_dtype=torch.bfloat16)
+    assert launched[-1] == dataclasses.replace(rule, tile_n=64) != rule
+    ops._launch(spec, a, b, d=d, d_dtype=torch.bfloat16)
+    assert launched[-1] == rule
+
+
 def ctypes_first_pointer(args):
     """The data pointer in a launch's first argument struct."""
     import ctypes
