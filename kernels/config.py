@@ -338,12 +338,12 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
 
     When 128x256 tiles would leave most SMs idle (small M*N, e.g. a wgrad with a small N or a
     short sequence), smaller cooperative tiles give more CTAs. Under half a wave of 128x128 at
-    a long K (the wgrads at T=65536, d=1024, h=1024: 64 tiles on 132 SMs) neither 128x64 tiles
-    (128 of them) nor stream-K over the whole grid is faster: held on an H200, 2026-12-01 (bench
-    configs --T 65536 --d 1024 --h 1024 --act gelu_tanh_approx --only dW2,dW1 --also tile_n=64
-    / --also stream_k=1), 0.308 ms at both tiles and 0.40 ms with stream-K, against cuBLAS's
-    0.214; 2-CTA clusters, whose multicast halves one operand's L2 reads, ran 0.318-0.333 ms.
-    So neither the idle SMs nor L2 reads seem to bound it; not profiled (kernels/NOTES.md).
+    a long K (the wgrads at T=65536, d=1024, h=1024: 64 tiles on 132 SMs) the rule keeps
+    128x128: 128x64 tiles ran 0.308 ms there and 128x128 0.31-0.32 in other runs (cuBLAS
+    0.214), and stream-K over the whole grid 0.40 (held on an H200, 2026-12-01, bench configs
+    --T 65536 --d 1024 --h 1024 --act gelu_tanh_approx --only dW2,dW1). What else might serve
+    such GEMMs (2-CTA clusters, stream-K with wider tiles) is not measured yet: the runs that
+    tried it timed this rule's config in every column (kernels/NOTES.md, "Open problems").
     """
     def waves(tm, tn):
         tiles = -(-m // tm) * -(-n // tn)
