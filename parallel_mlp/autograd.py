@@ -89,7 +89,9 @@ def _autocast_off(device_type: str):
 
 
 def _cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    return None if t is None else t.to(dtype)
+    """t in dtype; t itself when it already is (checked in Python: a no-op .to() still costs a
+    dispatch, a share of a small step's host time)."""
+    return t if t is None or t.dtype is dtype else t.to(dtype)
 
 
 def _bias_grad(grad_out: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -147,7 +149,7 @@ class ParallelMLPFunction(torch.autograd.Function):
         overlap = comm_overlap and tp.size > 1
         # Autocast is resolved here once; the ops below must see exactly the dtypes chosen.
         with _autocast_off(x.device.type):
-            x2d = x.reshape(-1, x.shape[-1]).to(dtype)
+            x2d = _cast(x.reshape(-1, x.shape[-1]), dtype)
             w1c, b1c, w2c, b2c = (_cast(t, dtype) for t in (w1, b1, w2, b2))
             # Every GEMM operand of both passes is one of these, or a tensor with their row widths
             # (preact and dpreact: fc1's rows; y and dy: fc2's), so the choice holds for all of
@@ -192,7 +194,7 @@ class ParallelMLPFunction(torch.autograd.Function):
         need_x, need_w1, need_b1, need_w2, need_b2 = ctx.needs_input_grad[:5]
         act, backend, tp, sp, overlap = ctx.act, ctx.backend, ctx.tp, ctx.sp, ctx.overlap
 
-        dy2d = dy.reshape(-1, dy.shape[-1]).to(x2d.dtype)
+        dy2d = _cast(dy.reshape(-1, dy.shape[-1]), x2d.dtype)
         # Every other operand is forward's or has its row widths, and forward's choice covered
         # them: only dy is new to the CuTe path's checks.
         ops = ctx.ops
@@ -281,6 +283,6 @@ class ParallelMLPFunction(torch.autograd.Function):
             x_pending.wait()  # recompute without dW1 gathered x but never waited on it here
         grad_x = None
         if dx_pending is not None:
-            grad_x = dx_pending.wait().view(x_shape).to(x_dtype)
+            grad_x = _cast(dx_pending.wait().view(x_shape), x_dtype)
         return (grad_x, grad_w1, grad_b1, grad_w2, grad_b2,
                 None, None, None, None, None, None, None)
