@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import ctypes
 import io
 import pstats
 import statistics
@@ -66,7 +67,10 @@ def main(argv=None) -> int:
         c_fn = aot_runtime.LoadedKernel(object_path(key()), _export_name(key()))
     dsl_fn = compile_kernel(key())
     handle = torch.cuda.current_stream().cuda_stream
-    packed, _alive = ops._launch_args((a, bk, d), handle)  # _alive holds the structs packed points to
+    # A copy of the packed structs: ops reuses its buffer on the next launch of this thread.
+    addresses, buf = ops._launch_args((a, bk, d), handle)
+    _alive = ctypes.create_string_buffer(buf.raw[:len(addresses) * ops._SLOT])
+    packed = [ctypes.addressof(_alive) + i * ops._SLOT for i in range(len(addresses))]
     args_cute = [ops._to_cute(t) for t in (a, bk, d)]
     stream = ops._stream()
 
