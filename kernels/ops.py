@@ -140,14 +140,17 @@ def _num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def _row_major(rows: int, cols: int, s0: int, s1: int) -> bool:
+    """Whether a [rows, cols] matrix with strides (s0, s1) is row-major: its last dim contiguous
+    (a single column counts as column-major unless it is also a single row)."""
+    return s1 == 1 and (cols > 1 or s0 != 1 or rows == 1)
+
+
 def _major(t: torch.Tensor) -> str:
-    """'row' if the last dim is contiguous, else 'col'."""
+    """'row' if the last dim is contiguous, else 'col' (_row_major's rule)."""
+    rows, cols = t.shape
     s0, s1 = t.stride()
-    if s1 == 1:
-        rows, cols = t.shape
-        if cols > 1 or s0 != 1 or rows == 1:
-            return "row"
-    return "col"
+    return "row" if _row_major(rows, cols, s0, s1) else "col"
 
 
 def _to_cute(t: Optional[torch.Tensor]):
@@ -226,8 +229,8 @@ def _launch_args(tensors, stream_handle: int):
             rows, cols = t.shape
             s0, s1 = t.stride()
             # the leading (non-unit) stride of the major _major(t) names, as _to_cute marks it
-            row_major = s1 == 1 and (cols > 1 or s0 != 1 or rows == 1)
-            _MATRIX.pack_into(buf, offset, t.data_ptr(), rows, cols, s0 if row_major else s1)
+            ld = s0 if _row_major(rows, cols, s0, s1) else s1
+            _MATRIX.pack_into(buf, offset, t.data_ptr(), rows, cols, ld)
         offset += _SLOT
     _POINTER.pack_into(buf, offset, stream_handle)
     return addresses, buf
