@@ -330,7 +330,8 @@ def run(args: argparse.Namespace) -> dict:
     if args.no_autograd_threads:
         torch.autograd.set_multithreading_enabled(False)  # for the whole run, every variant
     meta = environment(ctx) | {
-        "mode": "sweep", "autograd_threads": not args.no_autograd_threads, "dtype": args.dtype, "hold_s": args.hold_s, "rounds": args.rounds,
+        "mode": "sweep", "autograd_threads": not args.no_autograd_threads, "dtype": args.dtype,
+        "hold_s": args.hold_s, "rounds": args.rounds,
         "warmup": args.warmup, "iters": args.iters, "dry_run": args.dry_run,
         "quick": args.quick, "variants": names, "budget_s": args.budget_s, "estimate": plan,
         "backend_note": getattr(args, "backend_note", None),

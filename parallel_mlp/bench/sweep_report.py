@@ -22,11 +22,11 @@ def _ms(m) -> float | None:
     return m.get("ms") if isinstance(m, dict) else None
 
 
-def ours_over(row: dict, baseline: str, ours: str = "ours") -> float | None:
+def ours_over(row: dict, baseline: str, variant: str = "ours") -> float | None:
     """baseline's time / ours' (default mode, or the variant named) at this row: > 1 where ours
     is faster."""
     v = row.get("variants", {})
-    ours, base = _ms(v.get(ours)), _ms(v.get(baseline))
+    ours, base = _ms(v.get(variant)), _ms(v.get(baseline))
     return base / ours if ours and base else None
 
 
@@ -74,6 +74,13 @@ def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in values) / len(values))
 
 
+def _spread(pairs: list[tuple[float, str]]) -> str:
+    """'geomean ..x   worst ..x (shape)   best ..x (shape)   N shapes' of (ratio, shape) pairs."""
+    lo, hi = min(pairs), max(pairs)
+    return (f"geomean {geomean([x for x, _ in pairs]):.3f}x   worst {lo[0]:.3f}x ({lo[1]})   "
+            f"best {hi[0]:.3f}x ({hi[1]})   {len(pairs)} shapes")
+
+
 def summary(results: dict) -> list[str]:
     """Per baseline: the geometric mean of ours' ratios over the shapes, and the worst and best
     shapes; recompute's cost; the rows whose outputs disagree with eager's."""
@@ -82,13 +89,7 @@ def summary(results: dict) -> list[str]:
              "over the shapes"]
     for name, _, label in BASELINES:
         pairs = [(x, r["label"]) for r in rows if (x := ours_over(r, name)) is not None]
-        if not pairs:
-            lines.append(f"  vs {label:14s} -")
-            continue
-        lo, hi = min(pairs), max(pairs)
-        lines.append(f"  vs {label:14s} geomean {geomean([x for x, _ in pairs]):.3f}x   "
-                     f"worst {lo[0]:.3f}x ({lo[1]})   best {hi[0]:.3f}x ({hi[1]})   "
-                     f"{len(pairs)} shapes")
+        lines.append(f"  vs {label:14s} {_spread(pairs) if pairs else '-'}")
     lines += backend_choice(rows) + graphed(rows)
     rec = [r["recompute_ratio"] for r in rows if r.get("recompute_ratio")]
     if rec:
@@ -119,9 +120,7 @@ def graphed(rows: list[dict]) -> list[str]:
              if (x := ours_over(r, "eager_graphed", "ours_graphed")) is not None]
     if not pairs:
         return []
-    lo, hi = min(pairs), max(pairs)
-    lines = [f"  CUDA-graphed, ours vs eager: geomean {geomean([x for x, _ in pairs]):.3f}x   "
-             f"worst {lo[0]:.3f}x ({lo[1]})   best {hi[0]:.3f}x ({hi[1]})   {len(pairs)} shapes"]
+    lines = [f"  CUDA-graphed, ours vs eager: {_spread(pairs)}"]
     for name, label in (("eager", "eager"), ("ours", "ours")):
         gains = [x for r in rows if (x := ours_over(r, name, f"{name}_graphed")) is not None]
         if gains:
