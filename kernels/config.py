@@ -280,6 +280,23 @@ STREAM_K_MIN_WASTE = 0.05
 # once: 128 KB at 128x256) stays small beside its mainloop's operand traffic (~1.5 MB per 64 K
 # blocks at 128x256); the measured gains were at K = 14336 and 28672.
 STREAM_K_MIN_K = 4096
+# Where even 128x128 tiles leave SMs idle (fewer tiles than SMs) and K is at least this long,
+# the default is stream-K over the whole grid with 128x256 tiles in 2x1 clusters: every SM
+# shares the K blocks. Held 0.5 s on an H200, 2026-12-01 (bench configs --T 65536 --d 1024
+# --h 1024 --act gelu_tanh_approx --only dW2,dW1 --also stream_k=1,tile_n=256,cluster_m=2 ...):
+# the wgrads 1024 x 1024 x 65536 ran 0.262-0.267 ms against whole 128x128 tiles' 0.318-0.319
+# (cuBLAS 0.212), 128x256 in 1x1 clusters 0.280, 128x128 stream-K 0.355-0.374; at 2048 x 704
+# x 65536 (T=65536, d=2048, h=704) even with whole tiles (0.371 against 0.371 ms). At short
+# K it loses: fc2 and dx at T=512, d=1024 (32 tiles, K = 2816 and 5632, graphed) ran 0.029 and
+# 0.033 ms against whole tiles' 0.016 and 0.028. The partial sums (16.5 MiB of fp32 on 132
+# SMs) then are a small share of the traffic.
+UNDERFILLED_STREAM_K_MIN_K = 32768
+# 2x1 clusters (the pair shares its B tile through TMA multicast) for GEMMs of at least this many
+# rows. Held on an H200, 2026-12-01 (bench configs --T 1000 --d 5120 --h 10240 --act
+# gelu_tanh_approx --graphed 20 --hold-s 0.4 --only fc2,dx --also cluster_m=2): fc2 and dx,
+# 1000 x 5120 x 10240 in stream-K 128x256 tiles, 0.177 ms in 2x1 clusters against 0.193-0.194
+# in 1x1 (cuBLAS 0.162); from 2048 rows up 2x1 was the default before (T=8192 measurements).
+PAIR_MIN_ROWS = 1000
 
 
 def cluster_waves(cfg: GemmConfig, m: int, n: int) -> tuple[int, int, int]:
@@ -308,9 +325,9 @@ def with_stream_k(cfg: GemmConfig, m: int, n: int, k: int, kind: str) -> GemmCon
     if k < STREAM_K_MIN_K:
         return cfg
     waves, rem, grid = cluster_waves(cfg, m, n)
-    # Only after a full wave: with fewer tile clusters than the grid holds, stream-K would share
-    # their K blocks over the whole grid (tile_scheduler.grid_shape; e.g. the wgrads at T=65536,
-    # d=1024, h=1024 run 64 tiles on 64 of 132 SMs), which its GPU tests have not run yet.
+    # Only after a full wave. With fewer tile clusters than the grid holds, stream-K shares their
+    # K blocks over the whole grid; default_config asks for that itself where it pays
+    # (UNDERFILLED_STREAM_K_MIN_K).
     if has_partial_wave(cfg, m, n) and (1 - rem / grid) / (waves + 1) >= STREAM_K_MIN_WASTE:
         return dataclasses.replace(cfg, stream_k=True)
     return cfg
@@ -337,20 +354,21 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
     warpgroup instead.
 
     When 128x256 tiles would leave most SMs idle (small M*N, e.g. a wgrad with a small N or a
-    short sequence), smaller cooperative tiles give more CTAs. Under half a wave of 128x128 at
-    a long K (the wgrads at T=65536, d=1024, h=1024: 64 tiles on 132 SMs) the rule keeps
-    128x128: 128x64 tiles ran 0.308 ms there and 128x128 0.31-0.32 in other runs (cuBLAS
-    0.214), and stream-K over the whole grid 0.40 (held on an H200, 2026-12-01, bench configs
-    --T 65536 --d 1024 --h 1024 --act gelu_tanh_approx --only dW2,dW1). What else might serve
-    such GEMMs (2-CTA clusters, stream-K with wider tiles) is not measured yet: the runs that
-    tried it timed this rule's config in every column (kernels/NOTES.md, "Open problems").
+    short sequence), smaller cooperative tiles give more CTAs. With fewer 128x128 tiles than
+    SMs and a very long K (the wgrads at T=65536, d=1024: 64 tiles), stream-K over the whole
+    grid in 128x256 tiles (UNDERFILLED_STREAM_K_MIN_K); at a shorter K, whole 128x64 tiles,
+    twice the CTAs of 128x128: held on an H200, 2026-12-01, each a CUDA graph of 20 calls (bench
+    configs --T 512 --d 1024 --h 2816 --act swiglu --graphed 20 --hold-s 0.4 --also tile_n=64),
+    fc2 (512 x 1024 x 2816) ran 0.010 ms against 128x128's 0.016 and dx (K = 5632) 0.017
+    against 0.028 (cuBLAS 0.007 and 0.013). The dact keeps 128x128 there: 128x64 ran 0.012 ms
+    against 0.011.
     """
     def waves(tm, tn):
         tiles = -(-m // tm) * -(-n // tn)
         return tiles / num_sms
 
     pf = kind == "accumulate"
-    cm = 2 if m >= 2048 else 1
+    cm = 2 if m >= PAIR_MIN_ROWS else 1
     if is_big(m, n, num_sms):
         # act takes the same choice as store: recompute replays fc1's act GEMM as a plain one
         # and relies on the same config giving the same bits.
@@ -361,7 +379,11 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
         return with_stream_k(GemmConfig(128, 256, cm, 1, 8, num_sms, l2_prefetch=pf), m, n, k, kind)
     if waves(128, 128) >= 1:
         return with_stream_k(GemmConfig(128, 128, 1, 1, 8, num_sms, l2_prefetch=pf), m, n, k, kind)
-    return GemmConfig(128, 64 if n <= 64 else 128, 1, 1, 8, num_sms, l2_prefetch=pf)
+    if kind == "dact":
+        return GemmConfig(128, 64 if n <= 64 else 128, 1, 1, 8, num_sms, l2_prefetch=pf)
+    if k >= UNDERFILLED_STREAM_K_MIN_K:
+        return GemmConfig(128, 256, 2, 1, 8, num_sms, l2_prefetch=pf, stream_k=True)
+    return GemmConfig(128, 64, 1, 1, 8, num_sms, l2_prefetch=pf)
 
 
 # Candidates that `tuned=True` times for a shape (all must compile for every layout).

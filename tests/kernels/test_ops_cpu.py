@@ -108,9 +108,9 @@ def test_a_config_rewrite_reaches_launches_whose_plan_is_cached(monkeypatch):
     d = torch.empty(256, 256, dtype=torch.bfloat16)
     ops._launch(spec, a, b, d=d, d_dtype=torch.bfloat16)  # the rule's plan, now cached
     rule = launched[-1]
-    with ops.rewriting_configs(lambda cfg: dataclasses.replace(cfg, tile_n=64)):
+    with ops.rewriting_configs(lambda cfg: dataclasses.replace(cfg, tile_n=192)):
         ops._launch(spec, a, b, d=d, d_dtype=torch.bfloat16)
-    assert launched[-1] == dataclasses.replace(rule, tile_n=64) != rule
+    assert launched[-1] == dataclasses.replace(rule, tile_n=192) != rule
     ops._launch(spec, a, b, d=d, d_dtype=torch.bfloat16)
     assert launched[-1] == rule
 

@@ -108,14 +108,41 @@ def test_the_kernels_stream_k_grid_is_the_one_the_host_sizes_its_workspace_for(t
     assert int(grid_shape(params, 132)[2]) == min(tiles[0] * tiles[1], 132)
 
 
-def test_the_default_leaves_a_grid_with_fewer_tiles_than_sms_to_whole_tiles():
-    """The wgrads at T=65536, d=1024, h=1024: 8 x 8 tiles of 128x128 on 64 of 132 SMs. Stream-K
-    over the whole grid (GemmConfig(stream_k=True)) and 128x64 tiles measured no faster there."""
-    from parallel_mlp.kernels.config import cluster_waves, default_config, has_partial_wave
+def test_the_default_shares_a_long_k_over_the_whole_grid_when_tiles_are_fewer_than_sms():
+    """The wgrads at T=65536, d=1024, h=1024: 64 tiles of 128x128 on 132 SMs. At K >= 32768 the
+    default is stream-K over the whole grid in 128x256 tiles, 2x1 clusters; at a short K (fc2 and
+    dx at T=512, d=1024: 32 tiles, K = 2816 and 5632) whole 128x64 tiles, twice the CTAs; the
+    dact keeps whole 128x128 tiles."""
+    from parallel_mlp.kernels.config import UNDERFILLED_STREAM_K_MIN_K, cluster_waves, default_config
 
-    cfg = default_config(1024, 1024, 65536, kind="accumulate")
-    assert (cfg.tile_m, cfg.tile_n, cfg.cluster_m) == (128, 128, 1) and not cfg.stream_k
-    assert cluster_waves(cfg, 1024, 1024) == (0, 64, 132) and not has_partial_wave(cfg, 1024, 1024)
+    for kind in ("store", "accumulate"):
+        cfg = default_config(1024, 1024, 65536, kind=kind)
+        assert (cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.stream_k) == (128, 256, 2, True), kind
+        assert cluster_waves(cfg, 1024, 1024) == (0, 16, 66)
+    assert default_config(2048, 704, 65536, kind="accumulate").stream_k
+    # just below the threshold, and the short-K GEMMs of a 512-token step: whole tiles
+    assert not default_config(1024, 1024, UNDERFILLED_STREAM_K_MIN_K - 64, kind="accumulate").stream_k
+    for k in (2816, 5632):
+        for kind in ("store", "act", "accumulate"):
+            cfg = default_config(512, 1024, k, kind=kind)
+            assert (cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.stream_k) == (128, 64, 1, False), (k, kind)
+    dact = default_config(1024, 1024, 65536, kind="dact")
+    assert (dact.tile_n, dact.stream_k) == (128, False)
+    assert default_config(512, 2816, 1024, kind="dact").tile_n == 128
+    # enough 128x128 tiles for a wave: the under-filled rule does not apply (the last-wave rule may)
+    assert default_config(1408, 2048, 65536, kind="accumulate").tile_n == 128
+
+
+def test_the_default_pairs_ctas_from_1000_rows():
+    """128x256 cooperative tiles run in 2x1 clusters from PAIR_MIN_ROWS rows up (fc2 and dx at
+    T=1000, d=5120, h=10240), in 1x1 below."""
+    from parallel_mlp.kernels.config import PAIR_MIN_ROWS, default_config
+
+    assert PAIR_MIN_ROWS == 1000
+    cfg = default_config(1000, 5120, 10240)
+    assert (cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.stream_k) == (128, 256, 2, True)
+    small = default_config(999, 5120, 10240)
+    assert (small.tile_n, small.cluster_m) == (256, 1)
 
 
 def test_stream_k_where_the_last_wave_is_light():

@@ -35,6 +35,9 @@ def _configs(name):
         # fewer tiles than the grid holds: no whole-tile wave, every cluster shares the tiles'
         # K blocks (the wgrads at T=65536 d=1024: 64 tiles of 128x128 on 132 SMs)
         "c1x1_t128": GemmConfig(128, 128, 1, 1, 8, stream_k=True),
+        # the same with 128x256 tiles, in 2x1 and in 1x1 clusters
+        "c2x1_t256": GemmConfig(128, 256, 2, 1, 8, stream_k=True),
+        "c1x1_t256": GemmConfig(128, 256, 1, 1, 8, stream_k=True),
     }[name]
 
 
@@ -47,12 +50,17 @@ CASES = [
 ]
 # Fewer tile clusters than the grid: 2 tiles (256 x 256) over 7 clusters, K = 448 (7 K blocks:
 # 14 pieces) and K = 128 (2 blocks: the grid shrinks to 4 clusters, one block each); 16 clusters
-# of 2 over all 66 (1000 x 1000, K = 1000: 16 K blocks per tile); the wgrad at T=65536, d=1024.
+# of 2 over all 66 (1000 x 1000, K = 1000: 16 K blocks per tile); the wgrad at T=65536, d=1024
+# in 128x128 and 128x256 tiles; and the short-T shapes with 16 to 32 tiles over K of 2816-65536.
 UNDERFILLED = [
     ("c1x1_sm7", (256, 448, 256)),
     ("c1x1_sm7", (256, 128, 256)),
     ("c2x1", (1000, 1000, 1000)),
     ("c1x1_t128", (1024, 65536, 1024)),
+    ("c2x1_t256", (1024, 65536, 1024)),
+    ("c2x1_t256", (2048, 65536, 704)),  # dW2 at T=65536, d=2048, h=704: N = 704, a tail of 192
+    ("c1x1_t256", (512, 2816, 1024)),  # fc2 at T=512, d=1024, h=2816: 16 tiles, K = 44 blocks
+    ("c2x1_t256", (512, 5632, 1000)),  # dx at T=512 with an N tail
 ]
 
 

@@ -69,3 +69,17 @@ def test_the_64_wide_cooperative_tile_accumulates_as_the_128_wide_one(shape):
 
     accumulate_twins(GemmConfig(128, 64), GemmConfig(128, 128), shape, times=2, what="coop64")
     gemm_twins(GemmConfig(128, 64), GemmConfig(128, 128), shape, b_major="row", what="coop64")
+
+
+@pytest.mark.parametrize("shape", [(512, 2816, 1024), (512, 1024, 5632), (1000, 1048, 200)])
+@pytest.mark.parametrize("act,bias", [("swiglu", True), ("gelu_tanh_approx", False)])
+def test_the_64_wide_cooperative_tile_is_the_128_wide_one_for_every_operand_layout_and_act(shape, act, bias):
+    """The default for GEMMs with fewer 128x128 tiles than SMs (fc1, fc2, dx at T=512): K-major
+    and N-major B, and the act epilogue (a gated pair's 64 columns give 32 postact columns per
+    tile), bitwise equal to 128x128."""
+    from parallel_mlp.kernels.config import GemmConfig
+
+    narrow, wide = GemmConfig(128, 64), GemmConfig(128, 128)
+    for b_major in ("row", "col"):
+        gemm_twins(narrow, wide, shape, b_major=b_major, what="coop64")
+    act_twins(narrow, wide, shape, act, bias, what="coop64")
