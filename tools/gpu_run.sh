@@ -15,10 +15,10 @@
 #     streamk_fill   stream-K's GPU tests, then the wgrads that have fewer tiles than SMs (T=65536 at
 #                    d=1024 h=1024 and d=2048 h=704) held with stream-K over the whole grid beside
 #                    the default's whole tiles (~4 min)
-#     configs_small  the configs no run has timed yet for the GEMMs below cuBLAS at small steps and
-#                    few tiles, each column a CUDA graph of 20 calls: stream-K over the whole grid
-#                    at T=512 and 1000, 2-CTA clusters and wider stream-K tiles for the 1024 x 1024 x
-#                    65536 wgrads (~4 min)
+#     configs_small  the GEMMs with few tiles (T=512 and 1000, the wgrads at T=65536 with d <= 2048),
+#                    the default's config beside the ones it replaced and the next candidates;
+#                    short GEMMs as CUDA graphs of 20 calls; first the GPU tests of those configs
+#                    (stream-K over an under-filled grid, the 64-wide tile) (~4 min)
 #     gemm           the MLP's GEMMs and fused ops against cuBLAS, three configs (~5 min)
 #     mlp            the whole MLP fwd+bwd against eager (no torch.compile, no cold start)
 #     sweep          the shape sweep: 30 shapes, ours against eager, torch.compile and quack,
@@ -56,7 +56,7 @@ declare -A CMD=(
   [tests_all]="timeout 540 python3 tools/pytest_shards.py 8 -m gpu tests/kernels tests/test_layer_gpu.py tests/test_backends.py -k 'not selfcheck'"
   [streamk]="timeout 170 python3 tools/pytest_shards.py 12 -m gpu tests/kernels/test_stream_k_gpu.py; for h in 14336 7168; do timeout 150 $BENCH configs --h \$h --only fc2,dx,dW2,dW1 --also stream_k=1; done"
   [streamk_fill]="timeout 240 python3 tools/pytest_shards.py 12 -m gpu tests/kernels/test_stream_k_gpu.py; timeout 150 $BENCH configs --T 65536 --d 1024 --h 1024 --act gelu_tanh_approx --only dW2,dW1 --also stream_k=1; timeout 150 $BENCH configs --T 65536 --d 2048 --h 704 --act swiglu --only dW2 --also stream_k=1"
-  [configs_small]="for s in '--T 512 --d 1024 --h 2816 --act swiglu' '--T 512 --d 8192 --h 2752 --act swiglu' '--T 1000 --d 5120 --h 10240 --act gelu_tanh_approx'; do timeout 100 $BENCH configs \$s --graphed 20 --hold-s 0.4 --only fc1,fc2,dx --also stream_k=1 --also stream_k=1,tile_n=128 --also tile_n=128; done; timeout 120 $BENCH configs --T 65536 --d 1024 --h 1024 --act gelu_tanh_approx --hold-s 0.5 --only dW2,dW1 --also stream_k=1 --also cluster_m=2 --also stream_k=1,tile_n=256,cluster_m=2 --also tile_m=256,cluster_n=2"
+  [configs_small]="timeout 200 python3 tools/pytest_shards.py 8 -m gpu tests/kernels/test_stream_k_gpu.py tests/kernels/test_tile_narrow_gpu.py -k 't128 or t256 or 64_wide'; timeout 100 $BENCH configs --T 512 --d 1024 --h 2816 --act swiglu --graphed 20 --hold-s 0.4 --only fc1,fc2,dx,dpost --also tile_n=128 --also tile_n=64; timeout 100 $BENCH configs --T 4096 --d 1024 --h 4096 --act gelu_tanh_approx --graphed 20 --hold-s 0.4 --only fc1,fc2,dx,dpost --also cluster_m=2 --also cluster_m=1; timeout 100 $BENCH configs --T 1000 --d 5120 --h 10240 --act gelu_tanh_approx --graphed 20 --hold-s 0.4 --only fc2,dx --also cluster_m=1; timeout 100 $BENCH configs --T 65536 --d 1024 --h 1024 --act gelu_tanh_approx --hold-s 0.5 --only dW2,dW1 --also stream_k=0,tile_n=128,cluster_m=1 --also stream_k=0,tile_n=64,cluster_m=1; timeout 100 $BENCH configs --T 65536 --d 2048 --h 704 --act swiglu --hold-s 0.5 --only dW2,dW1 --also stream_k=0,tile_n=128,cluster_m=1"
   [gemm]="timeout 500 $BENCH gemm --budget-s 420 --json $OUT/gemm.json"
   [mlp]="timeout 200 $BENCH mlp --skip-compile --iters 15 --warmup 3 --budget-s 170 --json $OUT/mlp.json"
   [sweep]="timeout 580 $BENCH sweep --json $OUT/sweep.json --png $OUT/sweep.png"
