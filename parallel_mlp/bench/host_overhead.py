@@ -1,6 +1,6 @@
 """Where the host time of one op launch goes (a GPU is needed to launch).
 
-    python -m parallel_mlp.bench host [--calls 300] [--step]
+    python -m parallel_mlp.bench host [--calls 300] [--step | --stub [--profile]]
 
 A 256^3 GEMM runs for a few microseconds, so back-to-back launches measure the host side alone:
 the Python of `ops.gemm`, the packed launch arguments, the config and kernel lookup, and the
@@ -23,6 +23,7 @@ import ctypes
 import io
 import pstats
 import statistics
+import sys
 import threading
 import time
 
@@ -32,9 +33,17 @@ from .timing import host_us_per_call
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--stub" in argv:
+        from .host_stub import main as stub_main
+
+        return stub_main(argv)
     p = argparse.ArgumentParser(prog="python -m parallel_mlp.bench host", description=__doc__.split("\n")[0])
     p.add_argument("--calls", type=int, default=300)
     p.add_argument("--step", action="store_true", help="a whole host-bound fwd+bwd (see above)")
+    p.add_argument("--stub", action="store_true",
+                   help="the same step's host time with the kernels stubbed out, on any machine "
+                        "(no GPU; see host_stub.py; --profile adds a cProfile)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("host needs a CUDA GPU")

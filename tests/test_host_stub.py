@@ -1,0 +1,36 @@
+"""bench host --stub: the layer's host path with the kernels stubbed out, on the CPU."""
+
+import torch
+
+from parallel_mlp.bench import host_stub
+from parallel_mlp.kernels import compile as kcompile
+from parallel_mlp.kernels import ops
+
+
+def test_a_stubbed_step_takes_the_fused_path_with_six_launches(monkeypatch):
+    """Every GEMM of fwd+bwd reaches a launch (none falls back to the torch math, which a CPU
+    tensor would otherwise trigger), with the default configs' kernels."""
+    from parallel_mlp.layer import ParallelMLP
+
+    launched = []
+    monkeypatch.setattr(host_stub._NoLaunch, "run_compiled_program",
+                        lambda self, args: launched.append(self.key))
+    with host_stub.stubbed_kernels():
+        mlp = ParallelMLP(256, 512, activation="swiglu", backend="cute", dtype=torch.bfloat16)
+        x = torch.randn(128, 256, dtype=torch.bfloat16, requires_grad=True)
+        mlp(x).backward(torch.randn(128, 256, dtype=torch.bfloat16))
+    kinds = [key.epilogue.kind for key in launched]
+    assert len(kinds) == 6 and kinds[0] == "act" and "dact" in kinds, kinds
+    assert all(g is not None for g in (x.grad, mlp.fc1.weight.grad, mlp.fc2.weight.grad))
+
+
+def test_the_command_prints_its_figures_and_leaves_ops_as_it_was():
+    get_kernel, current_device = kcompile.get_kernel, torch.cuda.current_device
+    lines = []
+    figures = host_stub.measure(calls=2, out=lines.append)
+    assert set(figures) == {"fwd+bwd", "forward", "ops.gemm (fc2's shape)", "empty autograd function fwd+bwd"}
+    assert all(us > 0 for us in figures.values())
+    assert lines[0].startswith("host µs with the kernels stubbed out")
+    assert kcompile.get_kernel is get_kernel and torch.cuda.current_device is current_device
+    assert not ops._plans  # no plan holding a stub survives the context
+    assert ops._tensor_reason(torch.empty(2, 8), "t") is not None  # CPU tensors refused again
