@@ -38,6 +38,8 @@ def _configs(name):
         # the same with 128x256 tiles, in 2x1 and in 1x1 clusters
         "c2x1_t256": GemmConfig(128, 256, 2, 1, 8, stream_k=True),
         "c1x1_t256": GemmConfig(128, 256, 1, 1, 8, stream_k=True),
+        # 128x64 tiles: the short-K under-filled GEMMs' default tile, shared over the grid
+        "c1x1_t64": GemmConfig(128, 64, 1, 1, 8, stream_k=True),
     }[name]
 
 
@@ -61,6 +63,8 @@ UNDERFILLED = [
     ("c2x1_t256", (2048, 65536, 704)),  # dW2 at T=65536, d=2048, h=704: N = 704, a tail of 192
     ("c1x1_t256", (512, 2816, 1024)),  # fc2 at T=512, d=1024, h=2816: 16 tiles, K = 44 blocks
     ("c2x1_t256", (512, 5632, 1000)),  # dx at T=512 with an N tail
+    ("c1x1_t64", (512, 2816, 1024)),  # fc2 at T=512: 64 tiles, 44 K blocks each
+    ("c1x1_t64", (512, 5632, 1000)),
 ]
 
 
