@@ -281,8 +281,8 @@ STREAM_K_MIN_WASTE = 0.05
 # blocks at 128x256); the measured gains were at K = 14336 and 28672.
 STREAM_K_MIN_K = 4096
 # Where even 128x128 tiles leave SMs idle (fewer tiles than SMs) and K is at least this long,
-# the default is stream-K over the whole grid with 128x256 tiles in 2x1 clusters: every SM
-# shares the K blocks. Held 0.5 s on an H200, 2026-12-01 (bench configs --T 65536 --d 1024
+# the default is stream-K over the whole grid with 128x256 tiles (2x1 clusters from
+# PAIR_MIN_ROWS rows): every SM shares the K blocks. Held 0.5 s on an H200, 2026-12-01 (bench configs --T 65536 --d 1024
 # --h 1024 --act gelu_tanh_approx --only dW2,dW1 --also stream_k=1,tile_n=256,cluster_m=2 ...):
 # the wgrads 1024 x 1024 x 65536 ran 0.262-0.267 ms against whole 128x128 tiles' 0.318-0.319
 # (cuBLAS 0.212), 128x256 in 1x1 clusters 0.280, 128x128 stream-K 0.355-0.374; at 2048 x 704
@@ -382,7 +382,7 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
     if kind == "dact":
         return GemmConfig(128, 64 if n <= 64 else 128, 1, 1, 8, num_sms, l2_prefetch=pf)
     if k >= UNDERFILLED_STREAM_K_MIN_K:
-        return GemmConfig(128, 256, 2, 1, 8, num_sms, l2_prefetch=pf, stream_k=True)
+        return GemmConfig(128, 256, cm, 1, 8, num_sms, l2_prefetch=pf, stream_k=True)
     return GemmConfig(128, 64, 1, 1, 8, num_sms, l2_prefetch=pf)
 
 

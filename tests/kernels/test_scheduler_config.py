@@ -120,6 +120,10 @@ def test_the_default_shares_a_long_k_over_the_whole_grid_when_tiles_are_fewer_th
         assert (cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.stream_k) == (128, 256, 2, True), kind
         assert cluster_waves(cfg, 1024, 1024) == (0, 16, 66)
     assert default_config(2048, 704, 65536, kind="accumulate").stream_k
+    # fewer rows than PAIR_MIN_ROWS: the same in 1x1 clusters (one tile row leaves a pair's
+    # second CTA nothing to compute)
+    few_rows = default_config(100, 1024, 65536, kind="accumulate")
+    assert (few_rows.tile_n, few_rows.cluster_m, few_rows.stream_k) == (256, 1, True)
     # just below the threshold, and the short-K GEMMs of a 512-token step: whole tiles
     assert not default_config(1024, 1024, UNDERFILLED_STREAM_K_MIN_K - 64, kind="accumulate").stream_k
     for k in (2816, 5632):

@@ -65,6 +65,10 @@ UNDERFILLED = [
     ("c2x1_t256", (512, 5632, 1000)),  # dx at T=512 with an N tail
     ("c1x1_t64", (512, 2816, 1024)),  # fc2 at T=512: 64 tiles, 44 K blocks each
     ("c1x1_t64", (512, 5632, 1000)),
+    # an odd number of tile rows in 2x1 clusters (3: the last pair's second CTA has no rows),
+    # and a single partial tile row in 1x1, at the under-filled rule's K
+    ("c2x1_t256", (300, 40000, 700)),
+    ("c1x1_t256", (100, 40000, 300)),
 ]
 
 
