@@ -98,11 +98,6 @@ def _bias_grad(grad_out: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     return grad_out.sum(0, dtype=torch.float32).to(bias.dtype)
 
 
-def _workspace_of(ops, a: torch.Tensor, b: torch.Tensor, k: int | None = None) -> int:
-    """The transient bytes of the GEMM a @ b (b: [K, N]; k: its K where a is a block of it)."""
-    return ops.transient_bytes(a.shape[0], b.shape[1], k or a.shape[1], a.device)
-
-
 def _fc1(ops, x2d, w1c, b1c, act, store_preact, tp, sp, overlap):
     """(preact or None, postact) of fc1 over every rank's rows (sequence parallel: gathered
     first, or block by block as the rows arrive)."""
@@ -271,8 +266,12 @@ class ParallelMLPFunction(torch.autograd.Function):
         # workspace (a stream-K GEMM's fp32 partial sums, 16.5 MiB at 128x256 tiles on 132 SMs)
         # goes first, so that the workspace is freed before the other's output is made instead
         # of adding to the step's peak on top of it; a tie leaves dW1 first.
-        dx_first = need_x and (tp.size > 1 or (need_w1 and _workspace_of(ops, dpreact, w1c) >
-                                                _workspace_of(ops, dpreact.t(), x2d, rows)))
+        # dx = dpreact @ W1: [rows, d] over K = fc1's rows; dW1 = dpreact.T @ x: [fc1's rows, d]
+        # over K = rows.
+        features, d_in = w1c.shape
+        dx_first = need_x and (tp.size > 1 or (
+            need_w1 and ops.transient_bytes(rows, d_in, features, dpreact.device)
+            > ops.transient_bytes(features, d_in, rows, dpreact.device)))
         dx_pending = dx_in_flight() if dx_first else None
         grad_w1 = (weight_grad(ops, backend, dpreact.t(), x_full(), w1, ctx.fuse)
                    if need_w1 else None)

@@ -31,6 +31,9 @@ import torch
 
 from .timing import host_us_per_call
 
+# The host-bound step the --step and --stub probes run: tokens, width, hidden size, activation.
+STEP_SHAPE = (512, 1024, 2816, "swiglu")
+
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -134,7 +137,7 @@ def step_probe(calls: int) -> int:
     from ..kernels import ops
     from .models import EagerMLP, build_parallel_mlp, chunked_w1, train_step
 
-    T, d, h, act = 512, 1024, 2816, "swiglu"
+    T, d, h, act = STEP_SHAPE
     torch.manual_seed(0)
     w1 = (torch.randn(2 * h, d, device="cuda") * d ** -0.5).to(torch.bfloat16)
     w2 = (torch.randn(d, h, device="cuda") * h ** -0.5).to(torch.bfloat16)

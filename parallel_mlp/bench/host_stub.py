@@ -28,7 +28,9 @@ import time
 
 import torch
 
-T, D, H, ACT = 512, 1024, 2816, "swiglu"
+from .host_overhead import STEP_SHAPE
+
+T, D, H, ACT = STEP_SHAPE
 
 
 class _NoLaunch:
