@@ -34,3 +34,11 @@ def test_the_command_prints_its_figures_and_leaves_ops_as_it_was():
     assert kcompile.get_kernel is get_kernel and torch.cuda.current_device is current_device
     assert not ops._plans  # no plan holding a stub survives the context
     assert ops._tensor_reason(torch.empty(2, 8), "t") is not None  # CPU tensors refused again
+
+
+def test_the_command_refuses_a_call_count_below_one(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        host_stub.main(["--stub", "--calls", "0"])
+    assert "--calls must be >= 1, got 0" in capsys.readouterr().err
