@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
 # sqrt(2 / pi), the constant of the tanh approximation of GELU.
 _GELU_C = math.sqrt(2.0 / math.pi)
@@ -141,6 +142,42 @@ def glu_grad(g, u, m):
     return u * s * (1.0 - s), s
 
 
+# ---- torch's own spellings, for autograd ---------------------------------------------------
+# The same functions written with torch's fused elementwise ops where it has one (a kernel each
+# way, where the formula would launch one per term), evaluated in the tensors' own dtype: what a
+# plain PyTorch MLP computes. The layer's small-step path (small_step.py) differentiates them with
+# autograd. An activation without a fused op here is its formula on TORCH_MATH; tests check every
+# spelling against the formula.
+
+
+def _gelu_tanh_approx_eager(x):
+    return F.gelu(x, approximate="tanh")
+
+
+def _relu_sq_eager(x):
+    return F.relu(x).square()
+
+
+def _swiglu_eager(g, u):
+    return F.silu(g) * u
+
+
+def _reglu_eager(g, u):
+    return F.relu(g) * u
+
+
+def _geglu_eager(g, u):
+    return F.gelu(g, approximate="tanh") * u
+
+
+def _geglu_erf_eager(g, u):
+    return F.gelu(g) * u
+
+
+def _glu_eager(g, u):
+    return torch.sigmoid(g) * u
+
+
 def _upcast(t: torch.Tensor) -> torch.Tensor:
     """At least fp32: bf16/fp16 are computed in fp32 (as the kernels do), fp64 stays fp64."""
     return t.to(torch.promote_types(t.dtype, torch.float32))
@@ -151,13 +188,24 @@ class Activation:
     """One activation: its name, whether it is gated, and its formula and derivative.
 
     ``fn``/``grad`` take ``(x, m)`` when non-gated and ``(g, u, m)`` when gated; ``grad`` of a gated
-    activation returns ``(df/dg, df/du)``.
+    activation returns ``(df/dg, df/du)``. ``eager``, when given, is torch's fused spelling of
+    ``fn`` (``(x)`` or ``(g, u)``, no namespace); see :meth:`autograd_forward`.
     """
 
     name: str
     gated: bool
     fn: Callable
     grad: Callable
+    eager: Callable | None = None
+
+    def autograd_forward(self, preact: torch.Tensor) -> torch.Tensor:
+        """postact = act(preact) in preact's dtype, as torch ops that autograd differentiates
+        (``eager``, else the formula on TORCH_MATH). Gated: the interleaved pairs are read as
+        two strided views of one ``[..., h, 2]`` view, whose backward is a single stack."""
+        if self.gated:
+            g, u = preact.unflatten(-1, (-1, 2)).unbind(-1)
+            return self.eager(g, u) if self.eager else self.fn(g, u, TORCH_MATH)
+        return self.eager(preact) if self.eager else self.fn(preact, TORCH_MATH)
 
     def forward(self, preact: torch.Tensor) -> torch.Tensor:
         """postact = act(preact), computed in at least fp32, returned in preact's dtype.
@@ -194,16 +242,17 @@ class Activation:
 ACTIVATIONS: dict[str, Activation] = {
     a.name: a
     for a in (
-        Activation("gelu_tanh_approx", False, gelu_tanh_approx, gelu_tanh_approx_grad),
-        Activation("gelu", False, gelu, gelu_grad),
-        Activation("relu", False, relu, relu_grad),
-        Activation("relu_sq", False, relu_sq, relu_sq_grad),
-        Activation("swiglu", True, swiglu, swiglu_grad),
+        Activation("gelu_tanh_approx", False, gelu_tanh_approx, gelu_tanh_approx_grad,
+                   _gelu_tanh_approx_eager),
+        Activation("gelu", False, gelu, gelu_grad, F.gelu),
+        Activation("relu", False, relu, relu_grad, F.relu),
+        Activation("relu_sq", False, relu_sq, relu_sq_grad, _relu_sq_eager),
+        Activation("swiglu", True, swiglu, swiglu_grad, _swiglu_eager),
         Activation("swiglu_oai", True, swiglu_oai, swiglu_oai_grad),
-        Activation("reglu", True, reglu, reglu_grad),
-        Activation("geglu", True, geglu, geglu_grad),
-        Activation("geglu_erf", True, geglu_erf, geglu_erf_grad),
-        Activation("glu", True, glu, glu_grad),
+        Activation("reglu", True, reglu, reglu_grad, _reglu_eager),
+        Activation("geglu", True, geglu, geglu_grad, _geglu_eager),
+        Activation("geglu_erf", True, geglu_erf, geglu_erf_grad, _geglu_erf_eager),
+        Activation("glu", True, glu, glu_grad, _glu_eager),
     )
 }
 

@@ -15,6 +15,7 @@ from .backends import check_backend_name
 from .checks import (check_sequence_parallel_input, check_shards, require_divisible,
                      require_positive_int)
 from .params import set_muon_hooks, set_tp_metadata
+from . import small_step
 from .tp import TPGroup, all_gather_objects, resolve_group
 
 
@@ -29,6 +30,8 @@ def parallel_mlp_func(x, w1, w2, activation, *, b1=None, b2=None, tp_group=None,
     contiguous slice of dim 0 (rank order, equal slices on every rank):
     ``reduce_scatter(act(all_gather(x) @ w1.T + b1) @ w2.T) + b2``. ``tp_comm_overlap``
     (False, True or "auto": on with NCCL) runs those collectives block by block beside the GEMMs.
+    With ``backend="auto"``, a step too small for the fused path to pay runs as plain autograd
+    ops (small_step.py says when).
     """
     act = get_activation(activation)
     check_backend_name(backend)
@@ -36,6 +39,11 @@ def parallel_mlp_func(x, w1, w2, activation, *, b1=None, b2=None, tp_group=None,
     if sequence_parallel:
         check_sequence_parallel_input(x)
     tp = tp_group if isinstance(tp_group, TPGroup) else resolve_group(tp_group)
+    if backend == "auto" and small_step.applies(
+            x.numel() // x.shape[-1], w1.shape[1], w1.shape[0], w2.shape[1], w2.shape[0],
+            device_type=x.device.type, backend=backend, tp_size=tp.size, recompute=recompute,
+            fuse_grad_accum=fuse_grad_accum, compiling=torch.compiler.is_compiling()):
+        return small_step.small_step(x, w1, b1, w2, b2, act)
     overlap = overlap_mod.enabled(tp_comm_overlap, tp, x.device.type)
     return _apply_function(x, w1, b1, w2, b2, act, tp, bool(recompute), bool(fuse_grad_accum),
                            backend, bool(sequence_parallel), overlap)

@@ -65,6 +65,34 @@ def test_cute_matches_reference_within_design_tolerance(activation, dtype):
         assert_design_tolerance(f"torch backend {key}", ours_torch[key], theirs[key], ref[key])
 
 
+def _fused(y) -> bool:
+    return type(y.grad_fn).__name__.startswith("ParallelMLPFunction")
+
+
+@pytest.mark.parametrize("activation", ["swiglu", "gelu_tanh_approx"])
+def test_auto_runs_a_small_step_as_plain_ops_within_tolerance(activation):
+    """backend='auto' at 13 GFLOP per step takes the small step (small_step.py), which passes the
+    design's numerics rule; asked for main-grad fusion or recompute, or at 2.5 TFLOP, it keeps the
+    fused function."""
+    needs_cute()
+    g = torch.Generator(device="cuda").manual_seed(2)
+    x = torch.randn(TOKENS, D, device="cuda", generator=g).bfloat16()
+    dy = torch.randn(TOKENS, D_OUT, device="cuda", generator=g).bfloat16()
+    mlp = make(activation, "auto", torch.bfloat16)
+    assert not _fused(mlp(x))
+    ours = fwd_bwd(mlp, x, dy)
+    weights = (mlp.fc1.weight, mlp.fc2.weight, activation, mlp.fc1.bias, mlp.fc2.bias)
+    ref_y, ref = reference.mlp_with_grads(x, *weights, dy=dy)
+    torch_y, theirs = reference.mlp_with_grads(x, *weights, dy=dy, dtype=torch.bfloat16)
+    ref, theirs = dict(ref, y=ref_y), dict(theirs, y=torch_y)
+    for key in ("y", "x", "w1", "w2", "b1"):
+        assert_design_tolerance(f"{activation} small step {key}", ours[key], theirs[key], ref[key])
+    for kw in (dict(fuse=True), dict(recompute=True)):
+        assert _fused(make(activation, "auto", torch.bfloat16, **kw)(x))
+    big = ParallelMLP(4096, 4096, activation=activation, device="cuda", dtype=torch.bfloat16)
+    assert _fused(big(torch.randn(8192, 4096, device="cuda", dtype=torch.bfloat16)))
+
+
 # Without b1 the recompute replays fc1 as a plain GEMM (with b1: gemm_act); either must give
 # forward's preact bits.
 @pytest.mark.parametrize("bias", [True, False])

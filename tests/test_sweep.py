@@ -219,6 +219,32 @@ def test_summary_names_the_shapes_where_the_torch_backend_wins():
     assert "cute vs the torch backend" not in sweep_report.format_sweep(fake_results())
 
 
+def test_small_step_rows_show_the_fused_kernels_beside_them():
+    results = fake_results()
+    small = results["rows"][2]  # the gelu shape at T=512: the small step, 0.2 ms
+    small["ours_path"] = "small step"
+    small["variants"]["ours_fused"] = {"ms": 0.4}
+    text = sweep_report.format_sweep(results)
+    assert "ours, small step" in text and "ours, fused kernels" in text
+    assert ("small step vs the fused kernels, where auto took it: geomean 2.000x over 1 shapes; "
+            "the fused kernels are faster at 0") in text
+    small["variants"]["ours_fused"] = {"ms": 0.1}
+    assert "the fused kernels are faster at 1: T=512 d=1024" in sweep_report.format_sweep(results)
+    assert "small step vs" not in sweep_report.format_sweep(fake_results())
+
+
+def test_ours_takes_the_small_step_where_the_layer_would():
+    def ctx(backend, device="cuda"):
+        return SimpleNamespace(backend=backend, device=torch.device(device))
+
+    small, large = Shape(512, 1024, "swiglu", 1), Shape(8192, 4096, "swiglu", 1)
+    assert sweep.takes_small_step(ctx("auto"), small)
+    assert not sweep.takes_small_step(ctx("auto"), large)
+    assert not sweep.takes_small_step(ctx("cute"), small)
+    assert not sweep.takes_small_step(ctx("auto", "cpu"), small)
+    assert sweep.parse_args([]).backend == "auto"
+
+
 def test_header_says_when_autograd_threads_were_off():
     results = fake_results()
     assert "autograd device threads off" not in sweep_report.format_sweep(results)

@@ -66,6 +66,8 @@ def mlp_builders(ctx: Ctx, act: str, h: int, w1: torch.Tensor, w2: torch.Tensor)
         "ours": ours,
         "eager_graphed": lambda: graphed(eager),
         "ours_graphed": lambda: graphed(ours),
+        # The fused kernels at every size: beside an `auto` ours that takes the small step.
+        "ours_fused": lambda: build_parallel_mlp(w1, w2, act, h, backend="cute"),
         "ours_recompute": lambda: build_parallel_mlp(w1, w2, act, h, backend=ctx.backend,
                                                      recompute=True),
         "torch_backend": lambda: build_parallel_mlp(w1, w2, act, h, backend="torch"),

@@ -35,6 +35,8 @@ from dataclasses import asdict
 
 import torch
 
+from .. import small_step
+from ..backends import CuteBackend
 from . import quack_baseline, report, sweep_report
 from .harness import (
     Ctx,
@@ -51,6 +53,7 @@ from .harness import (
     without_cuda,
 )
 from .mlp import bench_mlp
+from .models import fc1_features
 from .progress import Progress
 from .sweep_grid import DRY_RUN, GRID, QUICK, Shape
 from .timing import HOLD_QUEUE
@@ -108,8 +111,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="shapes that would end past this many seconds are skipped")
     p.add_argument("--json", default="sweep.json", help="where to write every number")
     p.add_argument("--png", default=None, help="heat maps (needs matplotlib, the 'bench' extra)")
-    p.add_argument("--backend", default="cute", choices=["cute", "torch"],
-                   help="what 'ours' runs on (default cute)")
+    p.add_argument("--backend", default="auto", choices=["auto", "cute", "torch"],
+                   help="what 'ours' runs on (default auto, ParallelMLP's default: the fused "
+                        "kernels, or plain autograd ops for steps below small_step.MAX_FLOP, "
+                        "with the fused kernels timed beside them there)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     p.add_argument("--torch-backend", action="store_true",
                    help="also time ParallelMLP on its torch backend (cuBLAS and fused torch "
@@ -275,10 +280,24 @@ def compile_ahead(shapes, args, warm_ours: bool, warm_quack: bool, num_sms: int)
     return out
 
 
+def takes_small_step(ctx: Ctx, shape: Shape) -> bool:
+    """Whether ours (ParallelMLP with ctx.backend, one rank, default mode) runs this shape's step
+    as plain autograd ops (small_step.py)."""
+    return small_step.applies(shape.tokens, shape.d, fc1_features(shape.act, shape.shard),
+                              shape.shard, shape.d, device_type=ctx.device.type,
+                              backend=ctx.backend, tp_size=1, recompute=False,
+                              fuse_grad_accum=False, compiling=False)
+
+
 def sweep_row(ctx: Ctx, shape: Shape, names, quack_tuned: bool) -> dict:
     """One shape: bench_mlp's variants with quack beside them, plus every variant's ratio to
-    quack and a flag where one disagrees with eager."""
+    quack and a flag where one disagrees with eager. Where ours takes the small step, the fused
+    kernels are timed beside it, so the row shows the rule's choice against the other path."""
     ctx.tokens, ctx.d_model = shape.tokens, shape.d
+    small = takes_small_step(ctx, shape)
+    if small and "ours" in names:
+        names = list(names)
+        names.insert(names.index("ours") + 1, "ours_fused")
     extra = {}
     if "quack" in names:
         extra["quack"] = lambda w1, w2: quack_baseline.build(w1, w2, shape.act, shape.shard,
@@ -290,7 +309,8 @@ def sweep_row(ctx: Ctx, shape: Shape, names, quack_tuned: bool) -> dict:
             res["speedup_vs_quack"] = ratio(v.get("quack"), res)
     disagree = [name for name, res in v.items() if isinstance(res, dict)
                 and max(res.get("rel_err_y", 0.0), res.get("rel_err_dx", 0.0)) > AGREE_TOL]
-    return {"variants": v, "recompute_ratio": out.get("recompute_ratio"), "disagree": disagree}
+    return {"variants": v, "recompute_ratio": out.get("recompute_ratio"), "disagree": disagree,
+            "ours_path": "small step" if small else "fused"}
 
 
 def shape_record(shape: Shape) -> dict:
@@ -315,7 +335,7 @@ def run(args: argparse.Namespace) -> dict:
             log(f"quack: skipped: {reason}")
     num_sms = (torch.cuda.get_device_properties(device).multi_processor_count if ctx.cuda
                else 132)
-    warm_ours = ctx.cuda and ctx.backend == "cute" and ctx.ours is not None and not args.no_warmup
+    warm_ours = ctx.cuda and ctx.ours is CuteBackend and not args.no_warmup
     # quack compiles ahead only untuned: tuned, it compiles its candidates at each new shape.
     warm_quack = ("quack" in names and "quack" not in ctx.unavailable and not args.no_warmup
                   and not args.quack_tuned)

@@ -9,7 +9,8 @@ import textwrap
 
 from .report import Notes, num, run_lines, save_figure, table, timing_line
 
-VARIANT_NAMES = {"ours": "ours", "ours_recompute": "ours recompute", "eager": "eager",
+VARIANT_NAMES = {"ours": "ours", "ours_fused": "ours, fused kernels",
+                 "ours_recompute": "ours recompute", "eager": "eager",
                  "compile": "torch.compile", "quack": "quack",
                  "torch_backend": "ours, torch backend", "eager_graphed": "eager, CUDA graph",
                  "ours_graphed": "ours, CUDA graph"}
@@ -62,7 +63,10 @@ def _rows(results: dict, notes: Notes) -> list[list[str]]:
                 errs = f"{num(m['rel_err_y'], 2)}/{num(m['rel_err_dx'], 2)}"
                 if name in r.get("disagree", ()):
                     errs += " !"
-            rows.append([label if first else "", VARIANT_NAMES.get(name, name), notes.cell(m),
+            shown = VARIANT_NAMES.get(name, name)
+            if name == "ours" and r.get("ours_path") == "small step":
+                shown = "ours, small step"
+            rows.append([label if first else "", shown, notes.cell(m),
                          notes.cell(m, "tflops"), notes.cell(m, "speedup_vs_eager"),
                          notes.cell(m, "speedup_vs_quack"), notes.cell(m, "peak_over_start_gb"),
                          errs])
@@ -90,7 +94,7 @@ def summary(results: dict) -> list[str]:
     for name, _, label in BASELINES:
         pairs = [(x, r["label"]) for r in rows if (x := ours_over(r, name)) is not None]
         lines.append(f"  vs {label:14s} {_spread(pairs) if pairs else '-'}")
-    lines += backend_choice(rows) + graphed(rows)
+    lines += small_steps(rows) + backend_choice(rows) + graphed(rows)
     rec = [r["recompute_ratio"] for r in rows if r.get("recompute_ratio")]
     if rec:
         lines.append(f"  recompute / default time: geomean {geomean(rec):.3f}, "
@@ -111,6 +115,18 @@ def backend_choice(rows: list[dict]) -> list[str]:
     return [f"  cute vs the torch backend: geomean {geomean([x for x, _ in pairs]):.3f}x over "
             f"{len(pairs)} shapes; the torch backend is faster at {len(slower)}"
             + (": " + ", ".join(slower) if slower else "")]
+
+
+def small_steps(rows: list[dict]) -> list[str]:
+    """Where ours (backend='auto') took the small step (plain autograd ops), its time against the
+    fused kernels' at the same shape: > 1 where the rule chose the faster path."""
+    pairs = [(x, r["label"]) for r in rows if (x := ours_over(r, "ours_fused")) is not None]
+    if not pairs:
+        return []
+    wrong = [f"{label} ({x:.3f}x)" for x, label in sorted(pairs) if x < 1.0]
+    return [f"  small step vs the fused kernels, where auto took it: geomean "
+            f"{geomean([x for x, _ in pairs]):.3f}x over {len(pairs)} shapes; the fused kernels "
+            f"are faster at {len(wrong)}" + (": " + ", ".join(wrong) if wrong else "")]
 
 
 def graphed(rows: list[dict]) -> list[str]:
