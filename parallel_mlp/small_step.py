@@ -6,10 +6,16 @@ autograd function, its checks and six launches, and a backward that runs Python 
 CUDA device thread (handing the GIL over and back). A plain ``F.linear -> activation -> F.linear``
 costs the host less, because its backward is autograd's C++ nodes. Measured on one H200 (its VM
 host), T=512 d=1024 swiglu h=2816, host µs per fwd+bwd: fused 793, eager 384
-(`python -m parallel_mlp.bench host --step`, 2026-12-02); held steps of the shape sweep
-(`python -m parallel_mlp.bench sweep`, 2026-12-01), fused time against eager's: 0.43-0.75x at
-6-212 GFLOP per step, 0.90x at 425 GFLOP, 0.96-1.08x from 629 GFLOP up, where the GPU's work
-outlasts the host's. So ``backend="auto"`` runs a step below ``MAX_FLOP`` as plain autograd ops.
+(`python -m parallel_mlp.bench host --step`, 2026-12-02). So ``backend="auto"`` runs a step
+below a FLOP threshold as plain autograd ops; the thresholds come from held steps of the shape
+sweep (`python -m parallel_mlp.bench sweep`, H200, 2026-12-01 and 2026-12-02), the fused time
+against eager's:
+
+- gated: 0.43-0.90x at 6-425 GFLOP per step, 1.05-1.08x at 812-831 and above: ``MAX_FLOP_GATED``;
+- not gated: 0.43-0.51x at 6-206 GFLOP, 0.75-0.96x at 629, 0.97-1.00x at 824-825, 1.00-1.02x from
+  3.3 TFLOP: ``MAX_FLOP``. Eager's own non-gated step (one GEMM, one fused activation kernel
+  each way) leaves the fused kernels less to win than its gated one (a split, a cat, three
+  elementwise kernels).
 
 Only where nothing else is asked of the fused path: one rank (no collective to run or hide),
 default memory mode (``recompute=True`` promises to keep x alone), no fused gradient
@@ -26,10 +32,13 @@ import torch
 import torch.nn.functional as F
 
 from .activations import Activation
+from .params import split_gate_up
 
-# fwd+bwd FLOP of a step below which ``auto`` takes the plain ops: between the largest step
-# measured slower fused (425 GFLOP, 0.90x eager) and the smallest measured as fast (629-831).
-MAX_FLOP = 0.5e12
+# fwd+bwd FLOP of a step below which ``auto`` takes the plain ops (see above): gated, between the
+# largest step measured slower fused (425 GFLOP) and the smallest measured faster (812); not
+# gated, just above the largest measured slower (825).
+MAX_FLOP_GATED = 0.5e12
+MAX_FLOP = 1.0e12
 
 
 def step_flop(rows: int, in_features: int, fc1_rows: int, hidden: int, out_features: int) -> int:
@@ -40,13 +49,27 @@ def step_flop(rows: int, in_features: int, fc1_rows: int, hidden: int, out_featu
 def applies(rows: int, in_features: int, fc1_rows: int, hidden: int, out_features: int, *,
             device_type: str, backend: str, tp_size: int, recompute: bool,
             fuse_grad_accum: bool, compiling: bool) -> bool:
-    """Whether a step with these sizes and options runs as plain autograd ops."""
+    """Whether a step with these sizes and options runs as plain autograd ops (gated: fc1_rows
+    is twice hidden)."""
+    limit = MAX_FLOP_GATED if fc1_rows != hidden else MAX_FLOP
     return (backend == "auto" and device_type == "cuda" and tp_size == 1 and not recompute
             and not fuse_grad_accum and not compiling
-            and step_flop(rows, in_features, fc1_rows, hidden, out_features) < MAX_FLOP)
+            and step_flop(rows, in_features, fc1_rows, hidden, out_features) < limit)
 
 
 def small_step(x: torch.Tensor, w1: torch.Tensor, b1, w2: torch.Tensor, b2,
                act: Activation) -> torch.Tensor:
-    """act(x @ w1.T + b1) @ w2.T + b2 on one rank, differentiated by autograd."""
-    return F.linear(act.autograd_forward(F.linear(x, w1, b1)), w2, b2)
+    """act(x @ w1.T + b1) @ w2.T + b2 on one rank, differentiated by autograd.
+
+    Gated, fc1's output holds interleaved (gate, up) pairs, which the activation reads with a
+    stride of two elements: half the bandwidth of its elementwise kernels, each way. Once the
+    activation is larger than fc1's weight (more rows than in_features), fc1 runs instead on a
+    copy of the weight in [all gate; all up] order (a copy each way, of the weight's size), so
+    that the activation reads two contiguous halves as eager's does.
+    """
+    rows = x.numel() // x.shape[-1]
+    halves = act.gated and rows >= w1.shape[1]
+    if halves:
+        w1 = split_gate_up(w1).flatten(0, 1)
+        b1 = None if b1 is None else split_gate_up(b1).flatten(0, 1)
+    return F.linear(act.autograd_forward(F.linear(x, w1, b1), interleaved=not halves), w2, b2)

@@ -27,17 +27,28 @@ def test_step_flop_counts_six_gemms():
     assert small_step.step_flop(*SMALL.values()) == 3 * fwd
 
 
-def test_auto_takes_the_small_step_below_the_threshold_only():
-    assert applies()
+@pytest.mark.parametrize("gated,limit", [(True, small_step.MAX_FLOP_GATED),
+                                         (False, small_step.MAX_FLOP)])
+def test_auto_takes_the_small_step_below_the_threshold_only(gated, limit):
+    sizes = SMALL if gated else dict(SMALL, fc1_rows=2816)
+    assert applies(sizes)
     # The rows at which a step's FLOP reach the threshold, and one row either side.
-    per_row = small_step.step_flop(1, 1024, 5632, 2816, 1024)
-    edge = -(-int(small_step.MAX_FLOP) // per_row)
-    assert applies(dict(SMALL, rows=edge - 1))
-    assert not applies(dict(SMALL, rows=edge))
-    # The measured shapes at either side of it (bench sweep, H200): 425 GFLOP slower fused,
-    # 629 GFLOP and up not.
-    assert applies(dict(rows=8192, in_features=1024, fc1_rows=5632, hidden=2816, out_features=1024))
-    assert not applies(dict(rows=1000, in_features=5120, fc1_rows=10240, hidden=10240,
+    per_row = small_step.step_flop(1, *list(sizes.values())[1:])
+    edge = -(-int(limit) // per_row)
+    assert applies(dict(sizes, rows=edge - 1))
+    assert not applies(dict(sizes, rows=edge))
+
+
+def test_thresholds_fall_between_the_measured_shapes():
+    """bench sweep, H200: gated, 425 GFLOP slower fused, 812 faster; not gated, 825 GFLOP
+    slower fused, 3.3 TFLOP as fast."""
+    swiglu = dict(in_features=1024, fc1_rows=5632, hidden=2816, out_features=1024)
+    assert applies(dict(rows=8192, **swiglu))
+    assert not applies(dict(rows=1000, in_features=4096, fc1_rows=22016, hidden=11008,
+                            out_features=4096))
+    gelu = dict(in_features=1024, fc1_rows=1024, hidden=1024, out_features=1024)
+    assert applies(dict(rows=65536, **gelu))
+    assert not applies(dict(rows=16384, in_features=5120, fc1_rows=2560, hidden=2560,
                             out_features=5120))
 
 
@@ -70,19 +81,21 @@ def test_an_activation_without_a_torch_spelling_uses_its_formula():
                                act.fn(x[:, 0::2], x[:, 1::2], TORCH_MATH))
 
 
-# Awkward sizes: rows not a multiple of anything, odd widths, a 3-D input.
+# Awkward sizes: rows not a multiple of anything, odd widths, a 3-D input; gated, fewer rows than
+# in_features (the activation reads the interleaved pairs) and more (fc1 on the weight in halves).
+@pytest.mark.parametrize("lead", [(3, 5), (4, 10)])
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("name", ["swiglu", "gelu_tanh_approx", "swiglu_oai", "relu_sq"])
-def test_small_step_matches_the_reference_with_every_gradient(name, bias):
+def test_small_step_matches_the_reference_with_every_gradient(name, bias, lead):
     g = torch.Generator().manual_seed(0)
     gated = reference.is_gated(name)
     d, h, d_out = 24, 10, 7
-    x = torch.randn(3, 5, d, generator=g, dtype=torch.float64)
+    x = torch.randn(*lead, d, generator=g, dtype=torch.float64)
     w1 = torch.randn((2 if gated else 1) * h, d, generator=g, dtype=torch.float64) / d ** 0.5
     w2 = torch.randn(d_out, h, generator=g, dtype=torch.float64) / h ** 0.5
     b1 = torch.randn(w1.shape[0], generator=g, dtype=torch.float64) if bias else None
     b2 = torch.randn(d_out, generator=g, dtype=torch.float64) if bias else None
-    dy = torch.randn(3, 5, d_out, generator=g, dtype=torch.float64)
+    dy = torch.randn(*lead, d_out, generator=g, dtype=torch.float64)
 
     leaves = [t.clone().requires_grad_() if t is not None else None for t in (x, w1, b1, w2, b2)]
     y = small_step.small_step(*leaves[:4], leaves[4], ACTIVATIONS[name])

@@ -9,7 +9,8 @@ argument path (from_dlpack tensors) that ops no longer takes. Prints each part's
 a cProfile of the whole op's calls, to show what a faster launch path has to remove.
 
 ``--step`` looks at a whole host-bound fwd+bwd instead (T=512, d=1024, swiglu h=2816): host time
-per step of ours and of eager with autograd's device threads on and off; for ours, where the
+per step of ours (the fused kernels, ``backend="auto"``'s small step, the torch backend) and of
+eager with autograd's device threads on and off; for ours, where the
 step's time goes (forward, the wait before the backward starts on the device thread, the
 backward's body, the return to the caller); the same op launched on the main thread and on a
 worker thread; and a cProfile of the backward's body where autograd runs it.
@@ -145,6 +146,7 @@ def step_probe(calls: int) -> int:
     dy = torch.randn(T, d, device="cuda", dtype=torch.bfloat16)
     models = {
         "ours": build_parallel_mlp(w1, w2, act, h, backend="cute"),
+        "ours, auto (the small step)": build_parallel_mlp(w1, w2, act, h, backend="auto"),
         "ours, torch backend": build_parallel_mlp(w1, w2, act, h, backend="torch"),
         "eager": EagerMLP(chunked_w1(w1, True), w2, act),
     }
