@@ -198,16 +198,12 @@ class Activation:
     grad: Callable
     eager: Callable | None = None
 
-    def autograd_forward(self, preact: torch.Tensor, interleaved: bool = True) -> torch.Tensor:
+    def autograd_forward(self, preact: torch.Tensor) -> torch.Tensor:
         """postact = act(preact) in preact's dtype, as torch ops that autograd differentiates
-        (``eager``, else the formula on TORCH_MATH). Gated: ``interleaved`` pairs are read as
-        two strided views of one ``[..., h, 2]`` view (whose backward is a single stack), else
-        preact is ``[all gate, all up]`` and split in halves (backward: a cat)."""
+        (``eager``, else the formula on TORCH_MATH). Gated: the interleaved pairs are read as
+        two strided views of one ``[..., h, 2]`` view, whose backward is a single stack."""
         if self.gated:
-            if interleaved:
-                g, u = preact.unflatten(-1, (-1, 2)).unbind(-1)
-            else:
-                g, u = preact.chunk(2, dim=-1)
+            g, u = preact.unflatten(-1, (-1, 2)).unbind(-1)
             return self.eager(g, u) if self.eager else self.fn(g, u, TORCH_MATH)
         return self.eager(preact) if self.eager else self.fn(preact, TORCH_MATH)
 

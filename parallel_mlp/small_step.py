@@ -32,7 +32,6 @@ import torch
 import torch.nn.functional as F
 
 from .activations import Activation
-from .params import split_gate_up
 
 # fwd+bwd FLOP of a step below which ``auto`` takes the plain ops (see above): gated, between the
 # largest step measured slower fused (425 GFLOP) and the smallest measured faster (812); not
@@ -61,15 +60,11 @@ def small_step(x: torch.Tensor, w1: torch.Tensor, b1, w2: torch.Tensor, b2,
                act: Activation) -> torch.Tensor:
     """act(x @ w1.T + b1) @ w2.T + b2 on one rank, differentiated by autograd.
 
-    Gated, fc1's output holds interleaved (gate, up) pairs, which the activation reads with a
-    stride of two elements: half the bandwidth of its elementwise kernels, each way. Once the
-    activation is larger than fc1's weight (more rows than in_features), fc1 runs instead on a
-    copy of the weight in [all gate; all up] order (a copy each way, of the weight's size), so
-    that the activation reads two contiguous halves as eager's does.
+    Gated, the activation reads fc1's interleaved (gate, up) pairs in place, as strided views.
+    Running fc1 instead on a copy of the weight in [all gate; all up] order, so that the
+    activation reads contiguous halves as eager's does, was slower at both shapes measured
+    (held, H200, 2026-12-02, `bench sweep`): T=2048 d=2048 swiglu h=2816 0.78x eager against
+    0.98x, T=8192 d=1024 swiglu h=2816 0.85x against 0.87x; the copies (one each way, of the
+    weight's size) and their autograd nodes cost more than the strided reads save.
     """
-    rows = x.numel() // x.shape[-1]
-    halves = act.gated and rows >= w1.shape[1]
-    if halves:
-        w1 = split_gate_up(w1).flatten(0, 1)
-        b1 = None if b1 is None else split_gate_up(b1).flatten(0, 1)
-    return F.linear(act.autograd_forward(F.linear(x, w1, b1), interleaved=not halves), w2, b2)
+    return F.linear(act.autograd_forward(F.linear(x, w1, b1)), w2, b2)

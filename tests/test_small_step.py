@@ -81,8 +81,8 @@ def test_an_activation_without_a_torch_spelling_uses_its_formula():
                                act.fn(x[:, 0::2], x[:, 1::2], TORCH_MATH))
 
 
-# Awkward sizes: rows not a multiple of anything, odd widths, a 3-D input; gated, fewer rows than
-# in_features (the activation reads the interleaved pairs) and more (fc1 on the weight in halves).
+# Awkward sizes: rows not a multiple of anything, odd widths, a 3-D input; fewer rows than
+# in_features and more.
 @pytest.mark.parametrize("lead", [(3, 5), (4, 10)])
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("name", ["swiglu", "gelu_tanh_approx", "swiglu_oai", "relu_sq"])
