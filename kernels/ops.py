@@ -27,7 +27,7 @@ import torch
 
 from parallel_mlp.activations import get_activation
 
-from .config import GemmConfig, default_config
+from .config import STREAM_K_MAX_SPLIT, GemmConfig, default_config, stream_k_split
 from .epilogue_spec import EpilogueSpec
 
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
@@ -340,6 +340,12 @@ def _plan(spec: EpilogueSpec, a, bk, d_dtype, bias, config, tuned, whole_rows):
     if config is None and not tuned and _config_rewrite is not None:
         cfg = _config_rewrite(cfg)
     if cfg.stream_k:
+        split = stream_k_split(cfg, a.shape[0], bk.shape[0], a.shape[1])
+        if split > STREAM_K_MAX_SPLIT:
+            raise ValueError(
+                f"config.stream_k=True on a {a.shape[0]} x {bk.shape[0]} x {a.shape[1]} GEMM splits "
+                f"each tile of its shared wave {split:.1f} ways; stream-K runs at most "
+                f"{STREAM_K_MAX_SPLIT:g} (kernels/config.py, STREAM_K_MAX_SPLIT): use whole tiles")
         dev = a.device.index if a.device.index is not None else torch.cuda.current_device()
         if cfg.num_sms > _num_sms(dev):
             # A tile's owner spins until the later clusters' pieces arrive: all of them must be

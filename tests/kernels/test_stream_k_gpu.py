@@ -65,11 +65,15 @@ UNDERFILLED = [
     ("c2x1_t256", (512, 5632, 1000)),  # dx at T=512 with an N tail
     ("c1x1_t64", (512, 2816, 1024)),  # fc2 at T=512: 64 tiles, 44 K blocks each
     ("c1x1_t64", (512, 5632, 1000)),
-    # an odd number of tile rows in 2x1 clusters (3: the last pair's second CTA has no rows),
-    # and a single partial tile row in 1x1, at the under-filled rule's K
-    ("c2x1_t256", (300, 40000, 700)),
-    ("c1x1_t256", (100, 40000, 300)),
+    # an odd number of tile rows in 2x1 clusters (3: the last pair's second CTA has no rows; 20
+    # tile clusters, split 3.3 ways), and a single partial tile row in 1x1 (16 tiles, 8.25
+    # ways), at the under-filled rule's K; M and N multiples of 8 (16-byte strides either way)
+    ("c2x1_t256", (296, 40000, 2560)),
+    ("c1x1_t256", (104, 40000, 4096)),
 ]
+# Splits past config.STREAM_K_MAX_SPLIT, which gave wrong sums (b column-major: errors of ~6 on
+# O(1) outputs, H200, 2026-12-02): refused now.
+SPLIT_TOO_FAR = [("c2x1_t256", (300, 40000, 704)), ("c1x1_t256", (104, 40000, 304))]
 
 
 @pytest.mark.parametrize("name,shape", CASES + UNDERFILLED)
@@ -86,6 +90,17 @@ def test_stream_k_gemm(name, shape, b_major):
     assert torch.equal(got, ops.gemm(a, b, config=cfg)), f"{name}: stream-K gemm {shape} not deterministic"
     whole = ops.gemm(a, b, config=dataclasses.replace(cfg, stream_k=False))
     check(got, a.float() @ b.float(), whole, f"{name} stream-K vs whole tiles {shape}")
+
+
+@pytest.mark.parametrize("name,shape", SPLIT_TOO_FAR)
+def test_stream_k_past_the_split_limit_is_refused(name, shape):
+    from parallel_mlp.kernels import ops
+
+    m, k, n = shape
+    a = operand(m, k, "row", torch.bfloat16, k ** -0.5)
+    b = operand(k, n, "col", torch.bfloat16)
+    with pytest.raises(ValueError, match="STREAM_K_MAX_SPLIT"):
+        ops.gemm(a, b, config=_configs(name))
 
 
 @pytest.mark.parametrize("name,shape", CASES[:4] + [("c2x1", (4096, 8192, 7168))] + UNDERFILLED)  # dW2 at h=7168
