@@ -23,13 +23,14 @@
 #                    odd number of tile rows) (~4 min)
 #     gemm           the MLP's GEMMs and fused ops against cuBLAS, three configs (~5 min)
 #     mlp            the whole MLP fwd+bwd against eager (no torch.compile, no cold start)
-#     sweep          the shape sweep: 30 shapes, ours against eager, torch.compile and quack,
+#     sweep          the shape sweep: 30 shapes, ours (backend='auto', the fused kernels timed
+#                    beside it where it takes the small step) against eager, torch.compile and quack,
 #                    its kernels compiled ahead; a JSON and heat maps (~8 min, a call of its own)
-#     sweep_small    the sweep's shapes of T <= 4096 with the torch backend timed beside cute, the
-#                    data for a size rule in backend='auto' (~4 min)
-#     sweep_graphed  the sweep's shapes of T <= 4096 with eager and ours also CUDA-graphed
-#                    (make_graphed_callables): the host-bound steps with the host's launches gone
-#                    (~4 min)
+#     sweep_small    the sweep's shapes of T <= 4096, ours on the fused kernels (--backend cute)
+#                    with the torch backend timed beside them (~4 min)
+#     sweep_graphed  the sweep's shapes of T <= 4096, ours on the fused kernels, with eager and ours
+#                    also CUDA-graphed (make_graphed_callables): the host-bound steps with the
+#                    host's launches gone (~4 min)
 #     tp             2 GPUs (nvidia-h200-x2): the NCCL tests, then the MLP at TP=2, replicated: ours
 #                    with and without tp_comm_overlap against Megatron-style eager; then tp-model
 #                    on the measured bandwidth (~8 min)
@@ -62,8 +63,8 @@ declare -A CMD=(
   [gemm]="timeout 500 $BENCH gemm --budget-s 420 --json $OUT/gemm.json"
   [mlp]="timeout 200 $BENCH mlp --skip-compile --iters 15 --warmup 3 --budget-s 170 --json $OUT/mlp.json"
   [sweep]="timeout 580 $BENCH sweep --json $OUT/sweep.json --png $OUT/sweep.png"
-  [sweep_small]="timeout 400 $BENCH sweep --torch-backend --tokens 512,1000,2048,4096 --json $OUT/sweep-small.json"
-  [sweep_graphed]="timeout 420 $BENCH sweep --graphed --no-quack --skip-compile --tokens 512,1000,2048,4096 --json $OUT/sweep-graphed.json"
+  [sweep_small]="timeout 400 $BENCH sweep --backend cute --torch-backend --tokens 512,1000,2048,4096 --json $OUT/sweep-small.json"
+  [sweep_graphed]="timeout 420 $BENCH sweep --backend cute --graphed --no-quack --skip-compile --tokens 512,1000,2048,4096 --json $OUT/sweep-graphed.json"
   [tp]="timeout 120 python3 -m pytest -q -m gpu tests/test_layer_gpu.py -k nccl; timeout 420 python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m parallel_mlp.bench tp --configs swiglu:28672,swiglu:14336,gelu_tanh_approx:32768 --json $OUT/tp.json; python3 -m parallel_mlp.bench tp-model --tp-json $OUT/tp.json"
   [tp_sp]="timeout 480 python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m parallel_mlp.bench tp --sequence-parallel --configs swiglu:28672,swiglu:14336,gelu_tanh_approx:32768 --json $OUT/tp-sp.json"
   [profile]="timeout 200 $BENCH profile && timeout 150 $BENCH profile --h 7168 && timeout 60 $BENCH host"
