@@ -11,8 +11,8 @@ below a FLOP threshold as plain autograd ops; the thresholds come from held step
 sweep (`python -m parallel_mlp.bench sweep`, H200, 2026-12-01 and 2026-12-02), the fused time
 against eager's:
 
-- gated: 0.43-0.90x at 6-425 GFLOP per step, 1.05-1.08x at 812-831 and above: ``MAX_FLOP_GATED``;
-- not gated: 0.43-0.51x at 6-206 GFLOP, 0.75-0.96x at 629, 0.97-1.00x at 824-825, 1.00-1.02x from
+- gated: 0.63-0.91x at 27-425 GFLOP per step, 1.05-1.08x at 812-831 and above: ``MAX_FLOP_GATED``;
+- not gated: 0.43-0.57x at 6-206 GFLOP, 0.75-0.96x at 629, 0.96-1.00x at 824-825, 0.99-1.02x from
   3.3 TFLOP: ``MAX_FLOP``. Eager's own non-gated step (one GEMM, one fused activation kernel
   each way) leaves the fused kernels less to win than its gated one (a split, a cat, three
   elementwise kernels).
