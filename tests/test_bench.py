@@ -269,3 +269,35 @@ def test_tp_mode_on_two_gloo_ranks(tmp_path, hold_s, mode):
         else:
             assert ours["ms"] >= ours["rank_ms"]  # the slowest rank's median
     assert ("timing: held" if hold_s != "0" else "timing: call by call") in proc.stdout
+
+
+@pytest.mark.parametrize("act", ["swiglu", "gelu_tanh_approx"])
+def test_weight_grads_read_every_variant_in_our_layout(act):
+    """The benchmark compares weight gradients across variants: EagerMLP's W1 in gate/up halves
+    is read back interleaved, so equal functions give equal gradients (fp64, CPU); under
+    torch.compile's wrapper too; a model without the known weights gives None."""
+    from parallel_mlp.bench.models import (EagerMLP, build_parallel_mlp, chunked_w1, fc1_features,
+                                           train_step, weight_grads)
+
+    gated = act == "swiglu"
+    d, h = 16, 12
+    w1 = torch.randn(fc1_features(act, h), d, dtype=torch.float64)
+    w2 = torch.randn(d, h, dtype=torch.float64)
+    x = torch.randn(5, d, dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(5, d, dtype=torch.float64)
+    ours = build_parallel_mlp(w1, w2, act, h, backend="torch")
+    eager = EagerMLP(chunked_w1(w1, gated), w2.clone(), act)
+    got = []
+    for model in (ours, eager):
+        train_step(model, x, dy)
+        got.append(weight_grads(model, gated))
+    for a, b in zip(*got):
+        torch.testing.assert_close(a, b)
+
+    class Wrapped(torch.nn.Module):  # what torch.compile returns: the model as _orig_mod
+        def __init__(self, m):
+            super().__init__()
+            self._orig_mod = m
+
+    assert weight_grads(Wrapped(eager), gated)[1] is eager.w2.grad
+    assert weight_grads(torch.nn.Linear(2, 2), gated) is None

@@ -82,6 +82,7 @@ def bench_mlp(ctx: Ctx, act: str, h: int, names, extra: dict | None = None) -> d
     default). ``extra``: more variants, name -> build(w1, w2), given the same weights."""
     T, d = ctx.tokens, ctx.d_model
     f = fc1_features(act, h)
+    gated = get_activation(act).gated
     flops = mlp_flops(T, d, act, h)
     # nn.Linear-like scale keeps activations O(1) through both layers.
     w1, w2 = ctx.rand(f, d, scale=d ** -0.5), ctx.rand(d, h, scale=h ** -0.5)
@@ -106,7 +107,7 @@ def bench_mlp(ctx: Ctx, act: str, h: int, names, extra: dict | None = None) -> d
 
         def prepare(build=builders[name], ref=reference, held=held):
             model = build()
-            return (model, *prepare_mlp_variant(ctx, model, xs, dys, ref, held))
+            return (model, *prepare_mlp_variant(ctx, model, xs, dys, ref, held, gated))
 
         out = attempt(ctx, f"mlp {name}", prepare, min_time_s=reserve)
         if isinstance(out, tuple):

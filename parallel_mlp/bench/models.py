@@ -12,7 +12,7 @@ from torch import nn
 
 from ..activations import get_activation
 from ..layer import ParallelMLP
-from ..params import split_gate_up
+from ..params import merge_gate_up, split_gate_up
 from .harness import Ctx, nbytes, rel_err
 
 
@@ -128,19 +128,41 @@ def model_bytes(model: nn.Module) -> int:
     return nbytes(*model.parameters(), *model.buffers())
 
 
-def first_step(ctx: Ctx, model: nn.Module, xs, dys, reference):
+def weight_grads(model: nn.Module, gated: bool):
+    """(dW1 in our interleaved layout, dW2) of a single-rank variant's last backward: ParallelMLP
+    and quack's MLP (fc1/fc2, W1 interleaved as ours), EagerMLP (W1 in gate/up halves), either
+    under torch.compile; None for a model whose weights are not found that way."""
+    m = getattr(model, "_orig_mod", model)  # torch.compile's wrapper
+    if isinstance(m, EagerMLP):
+        dw1 = m.w1.grad
+        if gated and dw1 is not None:
+            dw1 = merge_gate_up(dw1.unflatten(0, (2, -1)))
+        return dw1, m.w2.grad
+    fc1, fc2 = getattr(m, "fc1", None), getattr(m, "fc2", None)
+    if fc1 is None or fc2 is None or not hasattr(fc1, "weight") or not hasattr(fc2, "weight"):
+        return None
+    return fc1.weight.grad, fc2.weight.grad
+
+
+def first_step(ctx: Ctx, model: nn.Module, xs, dys, reference, gated: bool | None = None):
     """The first call (compiles or loads kernels), timed, and a check of y and dx against the
     reference: the first variant's outputs, which this call provides when there is none yet.
+    With ``gated`` given (single-rank variants), the weight gradients too (``weight_grads``).
     Returns (result, reference)."""
     t0 = time.perf_counter()
     y = train_step(model, xs[0], dys[0])
     ctx.sync()
     out = {"first_step_s": time.perf_counter() - t0}
+    grads = weight_grads(model, gated) if gated is not None else None
     if reference is None:
-        reference = (y.detach().clone(), xs[0].grad.clone())
+        reference = (y.detach().clone(), xs[0].grad.clone(),
+                     None if grads is None else tuple(g.detach().clone() for g in grads))
     else:
         out["rel_err_y"] = rel_err(y, reference[0])
         out["rel_err_dx"] = rel_err(xs[0].grad, reference[1])
+        if grads is not None and reference[2] is not None:
+            out["rel_err_dw1"] = rel_err(grads[0], reference[2][0])
+            out["rel_err_dw2"] = rel_err(grads[1], reference[2][1])
     clear_grads(model, xs)
     return out, reference
 
@@ -178,9 +200,10 @@ def _requested_bytes(device, which: str) -> int | None:
     return torch.cuda.memory_stats(device).get(f"requested_bytes.all.{which}")
 
 
-def prepare_mlp_variant(ctx: Ctx, model: nn.Module, xs, dys, reference, held_by_others: int = 0):
-    """Everything of a variant but its timing: first call, check, peak memory.
-    Returns (result, reference)."""
-    out, reference = first_step(ctx, model, xs, dys, reference)
+def prepare_mlp_variant(ctx: Ctx, model: nn.Module, xs, dys, reference, held_by_others: int = 0,
+                        gated: bool | None = None):
+    """Everything of a variant but its timing: first call, check (of the weight gradients too
+    when ``gated`` is given), peak memory. Returns (result, reference)."""
+    out, reference = first_step(ctx, model, xs, dys, reference, gated)
     out |= step_peak_memory(ctx, model, xs, dys, held_by_others)
     return out, reference

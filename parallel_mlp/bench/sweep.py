@@ -69,9 +69,11 @@ DEFAULT_ROUNDS = 2
 QUICK_HOLD_S = 0.5       # --quick: shorter turns still, which sample the swing (a few %)
 DEFAULT_BUDGET_S = 500.0  # a device call may run 600 s; leave time for the report and margin
 WATCHDOG_MARGIN_S = 60.0
-# Outputs further than this from eager's (relative, y or dx) mark the row: bf16 rounding of the
-# same function stays near 1e-2.
+# Outputs or gradients further than this from eager's (relative: y, dx, dW1 or dW2) mark the
+# row: bf16 rounding of the same function stays near 1e-2.
 AGREE_TOL = 3e-2
+# What is compared with eager's: the output, and the gradients of x and of both weights.
+ERR_KEYS = ("rel_err_y", "rel_err_dx", "rel_err_dw1", "rel_err_dw2")
 
 # What the time estimate assumes, per part. Kernel compile: ~1.3 s each on the H200 host,
 # serially (kernels/NOTES.md); a spawned pool's workers first import the DSL. torch.compile:
@@ -308,7 +310,7 @@ def sweep_row(ctx: Ctx, shape: Shape, names, quack_tuned: bool) -> dict:
         if isinstance(res, dict) and "ms" in res:
             res["speedup_vs_quack"] = ratio(v.get("quack"), res)
     disagree = [name for name, res in v.items() if isinstance(res, dict)
-                and max(res.get("rel_err_y", 0.0), res.get("rel_err_dx", 0.0)) > AGREE_TOL]
+                and max(res.get(key, 0.0) for key in ERR_KEYS) > AGREE_TOL]
     return {"variants": v, "recompute_ratio": out.get("recompute_ratio"), "disagree": disagree,
             "ours_path": "small step" if small else "fused"}
 

@@ -101,7 +101,7 @@ def summary(results: dict) -> list[str]:
                      f"{min(rec):.3f} to {max(rec):.3f}")
     bad = [f"{r['label']}: {', '.join(r['disagree'])}" for r in rows if r.get("disagree")]
     if bad:
-        lines += ["", "Outputs that disagree with eager's (marked '!'):"] + [f"  {b}" for b in bad]
+        lines += ["", "Outputs or gradients that disagree with eager's (marked '!'):"] + [f"  {b}" for b in bad]
     return lines
 
 
