@@ -93,6 +93,36 @@ def test_auto_runs_a_small_step_as_plain_ops_within_tolerance(activation):
     assert _fused(big(torch.randn(8192, 4096, device="cuda", dtype=torch.bfloat16)))
 
 
+# Shapes whose default configs run stream-K: the wgrads at T=65536 d=1024 h=1024 share their K
+# over an under-filled grid (16 tile clusters on 66, 4.1 ways); fc2 and dx at T=2304 d=4096
+# h=7168 split a partial last wave (12 of 66 clusters, 5.5 ways). Every gradient, not y and dx
+# alone, against the fp64 reference.
+@pytest.mark.parametrize("tokens,d,h,activation", [(65536, 1024, 1024, "gelu_tanh_approx"),
+                                                   (2304, 4096, 7168, "swiglu")])
+def test_stream_k_shapes_give_the_reference_gradients(tokens, d, h, activation):
+    needs_cute()
+    from parallel_mlp.bench.models import fc1_features
+    from parallel_mlp.kernels.config import default_config
+
+    f = fc1_features(activation, h)
+    gemms = [(tokens, d, h, "store"), (tokens, d, f, "store"), (d, h, tokens, "accumulate"),
+             (f, d, tokens, "accumulate")]
+    assert any(default_config(*g, num_sms=132, kind=g[3]).stream_k for g in gemms)
+    g = torch.Generator(device="cuda").manual_seed(4)
+    torch.manual_seed(4)
+    mlp = ParallelMLP(d, h, activation=activation, backend="cute", device="cuda",
+                      dtype=torch.bfloat16)
+    x = torch.randn(tokens, d, device="cuda", generator=g).bfloat16()
+    dy = torch.randn(tokens, d, device="cuda", generator=g).bfloat16()
+    ours = fwd_bwd(mlp, x, dy)
+    weights = (mlp.fc1.weight, mlp.fc2.weight, activation)
+    ref_y, ref = reference.mlp_with_grads(x, *weights, dy=dy)
+    torch_y, theirs = reference.mlp_with_grads(x, *weights, dy=dy, dtype=torch.bfloat16)
+    ref, theirs = dict(ref, y=ref_y), dict(theirs, y=torch_y)
+    for key in ("y", "x", "w1", "w2"):
+        assert_design_tolerance(f"{activation} T={tokens} {key}", ours[key], theirs[key], ref[key])
+
+
 # Without b1 the recompute replays fc1 as a plain GEMM (with b1: gemm_act); either must give
 # forward's preact bits.
 @pytest.mark.parametrize("bias", [True, False])
