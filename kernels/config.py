@@ -320,11 +320,10 @@ def stream_k_split(cfg: GemmConfig, m: int, n: int, k: int) -> float:
     """How many ways stream-K splits each tile cluster of its shared wave, on average: the
     clusters the launch runs (tile_scheduler.stream_k_grid's rule) over the wave's tile clusters;
     0 when every wave is full (no tile is split)."""
-    _, rem, grid = cluster_waves(cfg, m, n)
+    waves, rem, grid = cluster_waves(cfg, m, n)
     if rem == 0:
         return 0.0
-    clusters = -(-(-(-m // cfg.tile_m)) // cfg.cluster_m) * -(-(-(-n // cfg.tile_n)) // cfg.cluster_n)
-    launched = grid if clusters > rem else min(rem * max(1, -(-k // TILE_K)), grid)
+    launched = grid if waves else min(rem * max(1, -(-k // TILE_K)), grid)
     return launched / rem
 
 

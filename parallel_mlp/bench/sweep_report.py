@@ -105,28 +105,27 @@ def summary(results: dict) -> list[str]:
     return lines
 
 
-def backend_choice(rows: list[dict]) -> list[str]:
-    """Where the torch backend was timed (--torch-backend): the shapes at which it beat ours on
-    the cute backend, which is what backend='auto' picks wherever cute can run."""
-    pairs = [(x, r["label"]) for r in rows if (x := ours_over(r, "torch_backend")) is not None]
+def _against(rows: list[dict], variant: str, lead: str, other: str) -> list[str]:
+    """One summary line: ours over ``variant`` where both were timed (geometric mean), and the
+    shapes where the variant (``other``: its name and verb, for the reader) was the faster."""
+    pairs = [(x, r["label"]) for r in rows if (x := ours_over(r, variant)) is not None]
     if not pairs:
         return []
     slower = [f"{label} ({x:.3f}x)" for x, label in sorted(pairs) if x < 1.0]
-    return [f"  cute vs the torch backend: geomean {geomean([x for x, _ in pairs]):.3f}x over "
-            f"{len(pairs)} shapes; the torch backend is faster at {len(slower)}"
-            + (": " + ", ".join(slower) if slower else "")]
+    return [f"  {lead}: geomean {geomean([x for x, _ in pairs]):.3f}x over {len(pairs)} shapes; "
+            f"{other} faster at {len(slower)}" + (": " + ", ".join(slower) if slower else "")]
+
+
+def backend_choice(rows: list[dict]) -> list[str]:
+    """Where the torch backend was timed (--torch-backend): the shapes at which it beat ours."""
+    return _against(rows, "torch_backend", "cute vs the torch backend", "the torch backend is")
 
 
 def small_steps(rows: list[dict]) -> list[str]:
     """Where ours (backend='auto') took the small step (plain autograd ops), its time against the
     fused kernels' at the same shape: > 1 where the rule chose the faster path."""
-    pairs = [(x, r["label"]) for r in rows if (x := ours_over(r, "ours_fused")) is not None]
-    if not pairs:
-        return []
-    wrong = [f"{label} ({x:.3f}x)" for x, label in sorted(pairs) if x < 1.0]
-    return [f"  small step vs the fused kernels, where auto took it: geomean "
-            f"{geomean([x for x, _ in pairs]):.3f}x over {len(pairs)} shapes; the fused kernels "
-            f"are faster at {len(wrong)}" + (": " + ", ".join(wrong) if wrong else "")]
+    return _against(rows, "ours_fused", "small step vs the fused kernels, where auto took it",
+                    "the fused kernels are")
 
 
 def graphed(rows: list[dict]) -> list[str]:
