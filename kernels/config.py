@@ -297,14 +297,6 @@ UNDERFILLED_STREAM_K_MIN_K = 32768
 # 1000 x 5120 x 10240 in stream-K 128x256 tiles, 0.177 ms in 2x1 clusters against 0.193-0.194
 # in 1x1 (cuBLAS 0.162); from 2048 rows up 2x1 was the default before (T=8192 measurements).
 PAIR_MIN_ROWS = 1000
-# Stream-K splits each tile of its shared wave at most this many ways on average (the launch's
-# clusters / the wave's tile clusters). GPU tests matched the fp32 reference up to 8.25 ways (16
-# tiles of 128x256 on 132 SMs, K = 2816; 8 tile clusters of 2x1 on 66) and gave wrong sums,
-# errors of ~6 on O(1) outputs, at 11 (300 x 700 x 40000 in 2x1 clusters: 6 tile clusters on
-# 66) and at 66 (100 x 300 x 40000: 2 tiles on 132), H200, 2026-12-02
-# (tests/kernels/test_stream_k_gpu.py). The cause is not found yet (kernels/NOTES.md, "Open
-# problems"): neither the default nor an explicit config runs stream-K past this split.
-STREAM_K_MAX_SPLIT = 8.25
 
 
 def cluster_waves(cfg: GemmConfig, m: int, n: int) -> tuple[int, int, int]:
@@ -314,17 +306,6 @@ def cluster_waves(cfg: GemmConfig, m: int, n: int) -> tuple[int, int, int]:
     clusters = -(-(-(-m // cfg.tile_m)) // cfg.cluster_m) * -(-(-(-n // cfg.tile_n)) // cfg.cluster_n)
     grid = cfg.num_sms // (cfg.cluster_m * cfg.cluster_n)
     return (*divmod(clusters, grid), grid)
-
-
-def stream_k_split(cfg: GemmConfig, m: int, n: int, k: int) -> float:
-    """How many ways stream-K splits each tile cluster of its shared wave, on average: the
-    clusters the launch runs (tile_scheduler.stream_k_grid's rule) over the wave's tile clusters;
-    0 when every wave is full (no tile is split)."""
-    waves, rem, grid = cluster_waves(cfg, m, n)
-    if rem == 0:
-        return 0.0
-    launched = grid if waves else min(rem * max(1, -(-k // TILE_K)), grid)
-    return launched / rem
 
 
 def has_partial_wave(cfg: GemmConfig, m: int, n: int) -> bool:
@@ -347,8 +328,7 @@ def with_stream_k(cfg: GemmConfig, m: int, n: int, k: int, kind: str) -> GemmCon
     # Only after a full wave. With fewer tile clusters than the grid holds, stream-K shares their
     # K blocks over the whole grid; default_config asks for that itself where it pays
     # (UNDERFILLED_STREAM_K_MIN_K).
-    if (has_partial_wave(cfg, m, n) and (1 - rem / grid) / (waves + 1) >= STREAM_K_MIN_WASTE
-            and stream_k_split(cfg, m, n, k) <= STREAM_K_MAX_SPLIT):
+    if has_partial_wave(cfg, m, n) and (1 - rem / grid) / (waves + 1) >= STREAM_K_MIN_WASTE:
         return dataclasses.replace(cfg, stream_k=True)
     return cfg
 
@@ -402,9 +382,7 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
     if kind == "dact":
         return GemmConfig(128, 64 if n <= 64 else 128, 1, 1, 8, num_sms, l2_prefetch=pf)
     if k >= UNDERFILLED_STREAM_K_MIN_K:
-        shared = GemmConfig(128, 256, cm, 1, 8, num_sms, l2_prefetch=pf, stream_k=True)
-        if stream_k_split(shared, m, n, k) <= STREAM_K_MAX_SPLIT:
-            return shared
+        return GemmConfig(128, 256, cm, 1, 8, num_sms, l2_prefetch=pf, stream_k=True)
     return GemmConfig(128, 64, 1, 1, 8, num_sms, l2_prefetch=pf)
 
 

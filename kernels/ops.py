@@ -27,7 +27,7 @@ import torch
 
 from parallel_mlp.activations import get_activation
 
-from .config import STREAM_K_MAX_SPLIT, GemmConfig, default_config, stream_k_split
+from .config import GemmConfig, default_config
 from .epilogue_spec import EpilogueSpec
 
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
@@ -340,12 +340,6 @@ def _plan(spec: EpilogueSpec, a, bk, d_dtype, bias, config, tuned, whole_rows):
     if config is None and not tuned and _config_rewrite is not None:
         cfg = _config_rewrite(cfg)
     if cfg.stream_k:
-        split = stream_k_split(cfg, a.shape[0], bk.shape[0], a.shape[1])
-        if split > STREAM_K_MAX_SPLIT:
-            raise ValueError(
-                f"config.stream_k=True on a {a.shape[0]} x {bk.shape[0]} x {a.shape[1]} GEMM splits "
-                f"each tile of its shared wave {split:.1f} ways; stream-K runs at most "
-                f"{STREAM_K_MAX_SPLIT:g} (kernels/config.py, STREAM_K_MAX_SPLIT): use whole tiles")
         dev = a.device.index if a.device.index is not None else torch.cuda.current_device()
         if cfg.num_sms > _num_sms(dev):
             # A tile's owner spins until the later clusters' pieces arrive: all of them must be
@@ -416,6 +410,12 @@ def _output(out, shape, a, name):
     return out
 
 
+def _padded_width(n: int, dtype: torch.dtype) -> int:
+    """n rounded up to a row of a whole number of 16-byte units at dtype."""
+    per = 16 // dtype.itemsize
+    return -(-n // per) * per
+
+
 def _aligned(*widths_and_sizes) -> bool:
     """Row strides (in elements, with their element sizes) that TMA can address: 16-byte multiples."""
     return all((w * es) % 16 == 0 for w, es in widths_and_sizes)
@@ -452,7 +452,16 @@ def gemm(a, b, out=None, out_dtype=None, accumulate=False, *, config: Optional[G
         raise ValueError("accumulate=True needs out=")
     fresh = out is None
     if fresh:
-        out = torch.empty(m, n, dtype=out_dtype or a.dtype, device=a.device)
+        dtype = out_dtype or a.dtype
+        if not _aligned((n, dtype.itemsize)):
+            # TMA stores rows at 16-byte strides: a contiguous [m, n] whose rows are not (N=700
+            # in bf16: 1400 bytes) is computed in rows padded to one, then copied out. Launched
+            # on the unpadded rows, stream-K and whole tiles alike stored wrong sums (H200,
+            # 2026-12-02: 300 x 700 x 40000, 100 x 300 x 40000).
+            padded = torch.empty(m, _padded_width(n, dtype), dtype=dtype, device=a.device)
+            return gemm(a, b, out=padded[:, :n], config=config, tuned=tuned,
+                        whole_rows=whole_rows, checked=True).contiguous()
+        out = torch.empty(m, n, dtype=dtype, device=a.device)
     if tuple(out.shape) != (m, n):
         raise ValueError(f"out is {tuple(out.shape)}, expected {(m, n)}")
     if accumulate and out.dtype != torch.float32:

@@ -20,7 +20,7 @@ def test_lists_every_step_with_its_command():
     r = run("--list")
     assert r.returncode == 0
     steps = [line.split()[0] for line in r.stdout.splitlines()]
-    assert steps == ["tests_kernels", "tests_layer", "tests_all", "streamk", "streamk_fill", "streamk_splits", "configs_small", "gemm", "mlp", "sweep", "sweep_small", "sweep_graphed",
+    assert steps == ["tests_kernels", "tests_layer", "tests_all", "streamk", "streamk_fill", "configs_small", "gemm", "mlp", "sweep", "sweep_small", "sweep_graphed",
                      "tp", "tp_sp", "profile", "host_step", "cold", "clock", "full", "ncu"]
     assert "pytest -q -m gpu tests/kernels" in r.stdout
     commands = dict(line.split(None, 1) for line in r.stdout.splitlines())

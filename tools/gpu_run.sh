@@ -15,8 +15,6 @@
 #     streamk_fill   stream-K's GPU tests, then the wgrads that have fewer tiles than SMs (T=65536 at
 #                    d=1024 h=1024 and d=2048 h=704) held with stream-K over the whole grid beside
 #                    the default's whole tiles (~4 min)
-#     streamk_splits tools/stream_k_splits.py: stream-K's error as the split per tile grows past
-#                    config.STREAM_K_MAX_SPLIT (limit lifted in that process) (~1 min)
 #     configs_small  the GEMMs with few tiles (T=512 and 1000, the wgrads at T=65536 with d <= 2048),
 #                    the default's config beside the ones it replaced and the next candidates
 #                    (fc1 in 128x64 tiles, stream-K over 128x64 tiles at T=512);
@@ -39,8 +37,9 @@
 #     tp_sp          the same, sequence parallel, with PyTorch's async TP beside them (~8 min)
 #     profile        one MLP step's kernels and idle gaps, ours and eager (torch.profiler), and
 #                    where the host time of one launch goes
-#     host_step      where a host-bound step's time goes: ours, ours on the torch backend and
-#                    eager, with autograd's device threads on and off (~1 min)
+#     host_step      where a host-bound step's time goes, at four small-step shapes of the sweep:
+#                    ours (fused, auto), ours on the torch backend, the small step's ops without
+#                    the layer, and eager, with autograd's device threads on and off (~4 min)
 #     cold           the cold start alone (a new process to its first fwd+bwd, ours and torch's)
 #     clock          tools/clock_probe.py: ms, SM clock, power and cycles per call (power-bound?)
 #     full           the whole single-GPU bench (GEMMs, fused, MLP, cold start, torch.compile)
@@ -61,7 +60,6 @@ declare -A CMD=(
   [tests_all]="timeout 540 python3 tools/pytest_shards.py 8 -m gpu tests/kernels tests/test_layer_gpu.py tests/test_backends.py -k 'not selfcheck'"
   [streamk]="timeout 170 python3 tools/pytest_shards.py 12 -m gpu tests/kernels/test_stream_k_gpu.py; for h in 14336 7168; do timeout 150 $BENCH configs --h \$h --only fc2,dx,dW2,dW1 --also stream_k=1; done"
   [streamk_fill]="timeout 240 python3 tools/pytest_shards.py 12 -m gpu tests/kernels/test_stream_k_gpu.py; timeout 150 $BENCH configs --T 65536 --d 1024 --h 1024 --act gelu_tanh_approx --only dW2,dW1 --also stream_k=1; timeout 150 $BENCH configs --T 65536 --d 2048 --h 704 --act swiglu --only dW2 --also stream_k=1"
-  [streamk_splits]="timeout 200 python3 tools/stream_k_splits.py"
   [configs_small]="timeout 200 python3 tools/pytest_shards.py 8 -m gpu tests/kernels/test_stream_k_gpu.py tests/kernels/test_tile_narrow_gpu.py tests/kernels/test_ops_gpu.py -k 't64 or t128 or t256 or 64_wide or rasterization'; timeout 100 $BENCH configs --T 512 --d 1024 --h 2816 --act swiglu --graphed 20 --hold-s 0.4 --only fc1,fc2,dx,dpost --also tile_n=128 --also tile_n=64; timeout 100 $BENCH configs --T 512 --d 1024 --h 2816 --act swiglu --graphed 20 --hold-s 0.4 --only fc2,dx --also stream_k=1; timeout 100 $BENCH configs --T 4096 --d 1024 --h 4096 --act gelu_tanh_approx --graphed 20 --hold-s 0.4 --only fc1,fc2,dx,dpost --also cluster_m=2 --also cluster_m=1; timeout 100 $BENCH configs --T 1000 --d 5120 --h 10240 --act gelu_tanh_approx --graphed 20 --hold-s 0.4 --only fc2,dx --also cluster_m=1; timeout 100 $BENCH configs --T 65536 --d 1024 --h 1024 --act gelu_tanh_approx --hold-s 0.5 --only dW2,dW1 --also stream_k=0,tile_n=128,cluster_m=1 --also stream_k=0,tile_n=64,cluster_m=1; timeout 100 $BENCH configs --T 65536 --d 2048 --h 704 --act swiglu --hold-s 0.5 --only dW2,dW1 --also stream_k=0,tile_n=128,cluster_m=1"
   [gemm]="timeout 500 $BENCH gemm --budget-s 420 --json $OUT/gemm.json"
   [mlp]="timeout 200 $BENCH mlp --skip-compile --iters 15 --warmup 3 --budget-s 170 --json $OUT/mlp.json"
@@ -71,13 +69,13 @@ declare -A CMD=(
   [tp]="timeout 120 python3 -m pytest -q -m gpu tests/test_layer_gpu.py -k nccl; timeout 420 python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m parallel_mlp.bench tp --configs swiglu:28672,swiglu:14336,gelu_tanh_approx:32768 --json $OUT/tp.json; python3 -m parallel_mlp.bench tp-model --tp-json $OUT/tp.json"
   [tp_sp]="timeout 480 python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m parallel_mlp.bench tp --sequence-parallel --configs swiglu:28672,swiglu:14336,gelu_tanh_approx:32768 --json $OUT/tp-sp.json"
   [profile]="timeout 200 $BENCH profile && timeout 150 $BENCH profile --h 7168 && timeout 60 $BENCH host"
-  [host_step]="timeout 120 $BENCH host --step"
+  [host_step]="for s in 512,1024,2816,swiglu 512,1024,512,gelu_tanh_approx 4096,1024,4096,gelu_tanh_approx 512,8192,2752,swiglu; do timeout 150 $BENCH host --step --calls 200 --shape \$s; done"
   [cold]="timeout 120 $BENCH cold --json $OUT/cold.json"
   [clock]="timeout 120 python3 tools/clock_probe.py --h 7168 && timeout 150 python3 tools/clock_probe.py --h 14336"
   [full]="timeout 570 $BENCH --budget-s 420 --json $OUT/bench.json --png $OUT/bench.png"
   [ncu]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 5 --launch-count 5 --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis $BENCH ncu-cases"
 )
-ORDER=(tests_kernels tests_layer tests_all streamk streamk_fill streamk_splits configs_small gemm mlp sweep sweep_small sweep_graphed tp tp_sp profile host_step cold clock full ncu)
+ORDER=(tests_kernels tests_layer tests_all streamk streamk_fill configs_small gemm mlp sweep sweep_small sweep_graphed tp tp_sp profile host_step cold clock full ncu)
 
 steps=("$@")
 if [ ${#steps[@]} -eq 0 ]; then

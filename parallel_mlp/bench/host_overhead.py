@@ -1,6 +1,6 @@
 """Where the host time of one op launch goes (a GPU is needed to launch).
 
-    python -m parallel_mlp.bench host [--calls 300] [--step | --stub [--profile]]
+    python -m parallel_mlp.bench host [--calls 300] [--step [--shape T,d,h,act] | --stub [--profile]]
 
 A 256^3 GEMM runs for a few microseconds, so back-to-back launches measure the host side alone:
 the Python of `ops.gemm`, the packed launch arguments, the config and kernel lookup, and the
@@ -8,12 +8,14 @@ compiled launcher (which encodes the TMA descriptors and launches); beside them,
 argument path (from_dlpack tensors) that ops no longer takes. Prints each part's µs per call, and
 a cProfile of the whole op's calls, to show what a faster launch path has to remove.
 
-``--step`` looks at a whole host-bound fwd+bwd instead (T=512, d=1024, swiglu h=2816): host time
-per step of ours (the fused kernels, ``backend="auto"``'s small step, the torch backend) and of
+``--step`` looks at a whole host-bound fwd+bwd instead (T=512, d=1024, swiglu h=2816 unless
+``--shape`` names another): host time per step of ours (the fused kernels, ``backend="auto"``'s small step, the torch backend) and of
 eager with autograd's device threads on and off; for ours, where the
 step's time goes (forward, the wait before the backward starts on the device thread, the
 backward's body, the return to the caller); the same op launched on the main thread and on a
-worker thread; and a cProfile of the backward's body where autograd runs it.
+worker thread; and a cProfile of the backward's body where autograd runs it. Each model's step
+also runs once under ``torch.cuda.set_sync_debug_mode("error")``: a step that waits for the GPU
+would pay the GPU's time on top of the host's, and is named.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m parallel_mlp.bench host", description=__doc__.split("\n")[0])
     p.add_argument("--calls", type=int, default=300)
     p.add_argument("--step", action="store_true", help="a whole host-bound fwd+bwd (see above)")
+    p.add_argument("--shape", type=parse_shape, default=STEP_SHAPE, metavar="T,d,h,act",
+                   help="--step's shape (default %(default)s)")
     p.add_argument("--stub", action="store_true",
                    help="the same step's host time with the kernels stubbed out, on any machine "
                         "(no GPU; see host_stub.py; --profile adds a cProfile)")
@@ -52,7 +56,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         raise SystemExit("host needs a CUDA GPU")
     if args.step:
-        return step_probe(args.calls)
+        return step_probe(args.calls, args.shape)
 
     from ..kernels import aot_runtime, ops
     from ..kernels.compile import KernelKey, _export_name, compile_kernel, get_kernel, object_path
@@ -124,6 +128,23 @@ def main(argv=None) -> int:
     return 0
 
 
+class _SmallStepOnly(torch.nn.Module):
+    """small_step.small_step on the layer's weights with none of the layer around it (no checks,
+    no dispatch): what the layer's own Python adds to a small step is the difference."""
+
+    def __init__(self, w1, w2, act: str):
+        super().__init__()
+        from ..activations import get_activation
+
+        self.w1, self.w2 = torch.nn.Parameter(w1.clone()), torch.nn.Parameter(w2.clone())
+        self.act = get_activation(act)
+
+    def forward(self, x):
+        from ..small_step import small_step
+
+        return small_step(x, self.w1, None, self.w2, None, self.act)
+
+
 def _on_worker_thread(fn):
     """fn() run on a new thread; returns its result."""
     out = []
@@ -133,26 +154,56 @@ def _on_worker_thread(fn):
     return out[0]
 
 
-def step_probe(calls: int) -> int:
+def parse_shape(text: str) -> tuple[int, int, int, str]:
+    """"T,d,h,act" -> (T, d, h, act), e.g. "512,1024,512,gelu_tanh_approx"."""
+    parts = text.split(",")
+    if len(parts) != 4 or not all(p.strip().isdigit() for p in parts[:3]):
+        raise argparse.ArgumentTypeError(f"--shape must be T,d,h,activation, got {text!r}")
+    from ..activations import get_activation
+
+    act = get_activation(parts[3].strip()).name
+    return int(parts[0]), int(parts[1]), int(parts[2]), act
+
+
+def _syncs(step) -> str:
+    """'' when one call of ``step`` never waits for the GPU, else the error naming the wait."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+        return ""
+    except RuntimeError as e:
+        return str(e).splitlines()[0]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def step_probe(calls: int, shape: tuple[int, int, int, str] = STEP_SHAPE) -> int:
     from ..autograd import ParallelMLPFunction
     from ..kernels import ops
+    from ..activations import get_activation
     from .models import EagerMLP, build_parallel_mlp, chunked_w1, train_step
 
-    T, d, h, act = STEP_SHAPE
+    T, d, h, act = shape
+    gated = get_activation(act).gated
     torch.manual_seed(0)
-    w1 = (torch.randn(2 * h, d, device="cuda") * d ** -0.5).to(torch.bfloat16)
+    w1 = (torch.randn(2 * h if gated else h, d, device="cuda") * d ** -0.5).to(torch.bfloat16)
     w2 = (torch.randn(d, h, device="cuda") * h ** -0.5).to(torch.bfloat16)
     x = torch.randn(T, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(T, d, device="cuda", dtype=torch.bfloat16)
     models = {
         "ours": build_parallel_mlp(w1, w2, act, h, backend="cute"),
-        "ours, auto (the small step)": build_parallel_mlp(w1, w2, act, h, backend="auto"),
+        "ours, auto": build_parallel_mlp(w1, w2, act, h, backend="auto"),
         "ours, torch backend": build_parallel_mlp(w1, w2, act, h, backend="torch"),
-        "eager": EagerMLP(chunked_w1(w1, True), w2, act),
+        "the small step's ops alone": _SmallStepOnly(w1, w2, act),
+        "eager": EagerMLP(chunked_w1(w1, gated), w2, act),
     }
     print(f"host µs per fwd+bwd, T={T} d={d} {act} h={h}, {calls} back-to-back steps; "
           f"{torch.cuda.get_device_name()}")
     for name, model in models.items():
+        waits = _syncs(lambda: train_step(model, x, dy))
+        if waits:
+            print(f"  {name}: its step waits for the GPU: {waits}")
         for threads in (True, False):
             with torch.autograd.set_multithreading_enabled(threads):
                 us = host_us_per_call(lambda: train_step(model, x, dy), calls=calls, warmup=5)

@@ -154,3 +154,34 @@ def test_gemm_refuses_bad_operands_naming_the_rule():
         ops.gemm(a, torch.zeros(8, 16, dtype=torch.float16))
     with pytest.raises(ValueError, match="got torch.float32, torch.float32"):
         ops.gemm(a.float(), torch.zeros(8, 16))
+
+
+@pytest.mark.parametrize("n", [700, 300, 36])
+def test_gemm_stores_rows_tma_cannot_address_through_padded_rows(monkeypatch, n):
+    """A fresh [m, n] output whose rows are not a 16-byte multiple (n=700 bf16: 1400 bytes) is
+    launched on rows padded to one and handed back contiguous; a misaligned out= the same way,
+    through a fresh one. (Launched on the unpadded rows, the GPU stored wrong sums.) The
+    kernels stubbed out: what is checked is what reaches the launch."""
+    pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
+    from parallel_mlp.bench.host_stub import stubbed_kernels
+
+    launched = []
+    launch = ops._launch
+
+    def record(spec, a, bk, d=None, **kw):
+        launched.append(d)
+        d.fill_(1.0)  # the stub computes nothing: mark what the kernel would have stored
+        return launch(spec, a, bk, d=d, **kw)
+
+    a = torch.zeros(100, 4096, dtype=torch.bfloat16)
+    b = torch.zeros(4096, n, dtype=torch.bfloat16).t().contiguous().t()  # its rows: K long
+    with stubbed_kernels():
+        monkeypatch.setattr(ops, "_launch", record)
+        got = ops.gemm(a, b, checked=True)
+        out = torch.zeros(100, n, dtype=torch.bfloat16)
+        same = ops.gemm(a, b, out=out, checked=True)
+    assert got.shape == (100, n) and got.is_contiguous() and bool((got == 1).all())
+    assert same is out and bool((out == 1).all())
+    assert len(launched) == 2
+    for d in launched:
+        assert (d.stride(0) * d.element_size()) % 16 == 0 and d.shape == (100, n)

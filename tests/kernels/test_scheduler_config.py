@@ -122,11 +122,9 @@ def test_the_default_shares_a_long_k_over_the_whole_grid_when_tiles_are_fewer_th
     assert default_config(2048, 704, 65536, kind="accumulate").stream_k
     # fewer rows than PAIR_MIN_ROWS: the same in 1x1 clusters (one tile row leaves a pair's
     # second CTA nothing to compute)
-    few_rows = default_config(100, 4096, 65536, kind="accumulate")
-    assert (few_rows.tile_n, few_rows.cluster_m, few_rows.stream_k) == (256, 1, True)
-    # ... unless that splits each tile more than STREAM_K_MAX_SPLIT ways: 4 tiles on 132 SMs
-    narrow = default_config(100, 1024, 65536, kind="accumulate")
-    assert (narrow.tile_n, narrow.stream_k) == (64, False)
+    for n in (1024, 4096):  # 4 and 16 tiles, split 33 and 8.25 ways
+        few_rows = default_config(100, n, 65536, kind="accumulate")
+        assert (few_rows.tile_n, few_rows.cluster_m, few_rows.stream_k) == (256, 1, True)
     # just below the threshold, and the short-K GEMMs of a 512-token step: whole tiles
     assert not default_config(1024, 1024, UNDERFILLED_STREAM_K_MIN_K - 64, kind="accumulate").stream_k
     for k in (2816, 5632):
@@ -201,44 +199,15 @@ def test_a_row_block_runs_the_whole_gemms_tiles_without_its_stream_k_unless_it_i
     assert alone == whole
 
 
-def test_stream_k_never_splits_a_tile_past_the_tested_limit():
-    """STREAM_K_MAX_SPLIT: the GPU tests' sums were right up to 8.25 ways per tile and wrong at
-    11 and 66. The default keeps to it on every shape, and the two shapes that failed get whole
-    tiles; a last wave of one tile cluster (67 on 66) is not split 66 ways."""
-    from parallel_mlp.kernels.config import (STREAM_K_MAX_SPLIT, default_config, stream_k_split,
-                                             with_stream_k)
+def test_the_layers_stream_k_gpu_shapes_run_stream_k():
+    """tests/test_layer_gpu.py checks every gradient at two shapes because their default configs
+    run stream-K: the wgrads at T=65536 d=1024 h=1024 (an under-filled grid) and fc2 and dx at
+    T=2304 d=4096 h=7168 (a split last wave). That premise, on a 132-SM H200."""
+    from parallel_mlp.kernels.config import default_config
 
-    for m in (100, 300, 1000, 2048, 4224, 8192):
-        for n in (256, 704, 1024, 4096):
-            for k in (4096, 40000, 65536):
-                for kind in ("store", "accumulate"):
-                    cfg = default_config(m, n, k, kind=kind)
-                    if cfg.stream_k:
-                        assert stream_k_split(cfg, m, n, k) <= STREAM_K_MAX_SPLIT, (m, n, k, kind)
-    assert not default_config(300, 700, 40000).stream_k
-    assert not default_config(100, 300, 40000).stream_k
-    assert stream_k_split(GemmConfig(128, 256, 2, 1, 8, stream_k=True), 300, 700, 40000) == 11
-    assert stream_k_split(GemmConfig(128, 256, 1, 1, 8, stream_k=True), 100, 300, 40000) == 66
-    one_left = GemmConfig(128, 256, 2, 1, 16)
-    assert stream_k_split(one_left, 134 * 128, 256, 8192) == 66  # 67 tile clusters on 66
-    assert not with_stream_k(one_left, 134 * 128, 256, 8192, "store").stream_k
-    # every wave full: nothing is split
-    assert stream_k_split(one_left, 132 * 128, 256, 8192) == 0
-
-
-def test_an_explicit_stream_k_config_past_the_limit_is_refused():
-    """Asked for by hand (config=), a split past STREAM_K_MAX_SPLIT raises, naming the limit,
-    before anything is compiled or launched (the kernels stubbed out, the operands taken as
-    checked: no GPU needed)."""
-    import torch
-
-    from parallel_mlp.bench.host_stub import stubbed_kernels
-    from parallel_mlp.kernels import ops
-
-    a = torch.zeros(100, 40000, dtype=torch.bfloat16)
-    b = torch.zeros(40000, 300, dtype=torch.bfloat16).t().contiguous().t()
-    with stubbed_kernels():
-        with pytest.raises(ValueError, match=r"splits each tile of its shared wave 66.0 ways; "
-                                             r"stream-K runs at most 8.25 .*STREAM_K_MAX_SPLIT"):
-            ops.gemm(a, b, config=GemmConfig(128, 256, 1, 1, 8, stream_k=True), checked=True)
-        ops.gemm(a, b, config=GemmConfig(128, 64, 1, 1, 8), checked=True)  # whole tiles: accepted
+    T, d, h = 65536, 1024, 1024
+    assert default_config(d, h, T, num_sms=132, kind="accumulate").stream_k  # dW2
+    assert default_config(h, d, T, num_sms=132, kind="accumulate").stream_k  # dW1 (gelu: h rows)
+    T, d, h = 2304, 4096, 7168
+    assert default_config(T, d, h, num_sms=132, kind="store").stream_k  # fc2
+    assert default_config(T, d, 2 * h, num_sms=132, kind="store").stream_k  # dx (swiglu: 2h)

@@ -67,16 +67,24 @@ UNDERFILLED = [
     ("c1x1_t64", (512, 5632, 1000)),
     # an odd number of tile rows in 2x1 clusters (3: the last pair's second CTA has no rows; 20
     # tile clusters, split 3.3 ways), and a single partial tile row in 1x1 (16 tiles, 8.25
-    # ways), at the under-filled rule's K; M and N multiples of 8 (16-byte strides either way)
+    # ways), at the under-filled rule's K
     ("c2x1_t256", (296, 40000, 2560)),
     ("c1x1_t256", (104, 40000, 4096)),
+    # each tile split many ways: 4 tiles 33 ways, 2 tiles 66 ways (with an M tail), and 6 tile
+    # clusters of 2x1 11 ways
+    ("c1x1_t256", (256, 40000, 512)),
+    ("c1x1_t256", (104, 40000, 304)),
+    ("c2x1_t256", (512, 40000, 768)),
 ]
-# Splits past config.STREAM_K_MAX_SPLIT, which gave wrong sums (b column-major: errors of ~6 on
-# O(1) outputs, H200, 2026-12-02): refused now.
-SPLIT_TOO_FAR = [("c2x1_t256", (300, 40000, 704)), ("c1x1_t256", (104, 40000, 304))]
+# Output rows that TMA cannot store (N = 700 and 300 in bf16: 1400 and 600 bytes; B
+# column-major, so its own rows are K long), computed in padded rows: launched on the unpadded
+# rows these gave wrong sums, stream-K and whole tiles alike.
+UNALIGNED_ROWS = [("c2x1_t256", (300, 40000, 700)), ("c1x1_t256", (100, 40000, 300))]
+# A partial last wave of 1 tile (133 of 128x128 on 132 SMs) split 132 ways.
+PARTIAL_WAVE_132_WAYS = ("c1x1_t128", (133 * 128, 8192, 128))
 
 
-@pytest.mark.parametrize("name,shape", CASES + UNDERFILLED)
+@pytest.mark.parametrize("name,shape", CASES + UNDERFILLED + [PARTIAL_WAVE_132_WAYS])
 @pytest.mark.parametrize("b_major", ["row", "col"])
 def test_stream_k_gemm(name, shape, b_major):
     from parallel_mlp.kernels import ops
@@ -92,15 +100,22 @@ def test_stream_k_gemm(name, shape, b_major):
     check(got, a.float() @ b.float(), whole, f"{name} stream-K vs whole tiles {shape}")
 
 
-@pytest.mark.parametrize("name,shape", SPLIT_TOO_FAR)
-def test_stream_k_past_the_split_limit_is_refused(name, shape):
+@pytest.mark.parametrize("name,shape", UNALIGNED_ROWS)
+def test_output_rows_tma_cannot_store(name, shape):
     from parallel_mlp.kernels import ops
 
+    cfg = _configs(name)
     m, k, n = shape
     a = operand(m, k, "row", torch.bfloat16, k ** -0.5)
     b = operand(k, n, "col", torch.bfloat16)
-    with pytest.raises(ValueError, match="STREAM_K_MAX_SPLIT"):
-        ops.gemm(a, b, config=_configs(name))
+    ref, lowp = a.float() @ b.float(), a @ b
+    for c in (cfg, dataclasses.replace(cfg, stream_k=False), None):
+        got = ops.gemm(a, b, config=c)
+        assert got.is_contiguous() and got.shape == (m, n)
+        check(got, ref, lowp, f"{c} gemm {shape}, output rows of {n * 2} bytes")
+        out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        assert ops.gemm(a, b, out=out, config=c) is out
+        check(out, ref, lowp, f"{c} gemm {shape} into out= rows of {n * 2} bytes")
 
 
 @pytest.mark.parametrize("name,shape", CASES[:4] + [("c2x1", (4096, 8192, 7168))] + UNDERFILLED)  # dW2 at h=7168
