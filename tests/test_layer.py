@@ -33,6 +33,25 @@ def _grads(mlp, x):
     return x.grad, mlp.fc1.weight.grad, mlp.fc2.weight.grad
 
 
+def test_forward_uses_a_parametrized_weight():
+    """The forward reads its weights from the shards' parameter tables where they are registered
+    there; a parametrized weight (torch.nn.utils.parametrize: a property, not a table entry) must
+    still be what the forward uses."""
+    from torch.nn.utils import parametrize
+
+    class Halved(torch.nn.Module):
+        def forward(self, w):
+            return w / 2
+
+    torch.manual_seed(0)
+    mlp = ParallelMLP(16, 32, activation="swiglu", bias1=True, backend="torch")
+    x = torch.randn(5, 16)
+    w1, b1, w2 = (t.detach().clone() for t in (mlp.fc1.weight, mlp.fc1.bias, mlp.fc2.weight))
+    parametrize.register_parametrization(mlp.fc2, "weight", Halved())
+    ref_y = reference.mlp(x.double(), w1.double(), (w2 / 2).double(), "swiglu", b1.double())
+    torch.testing.assert_close(mlp(x), ref_y.float(), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("frozen", ["fc1", "fc2", "both", "x"])
 def test_partial_gradients(frozen):
     torch.manual_seed(0)
