@@ -203,9 +203,12 @@ class Activation:
         (``eager``, else the formula on TORCH_MATH). Gated: the interleaved pairs are read as
         two strided views of one ``[..., h, 2]`` view, whose backward is a single stack."""
         if self.gated:
-            g, u = preact.unflatten(-1, (-1, 2)).unbind(-1)
-            return self.eager(g, u) if self.eager else self.fn(g, u, TORCH_MATH)
+            return self.autograd_gated(*preact.unflatten(-1, (-1, 2)).unbind(-1))
         return self.eager(preact) if self.eager else self.fn(preact, TORCH_MATH)
+
+    def autograd_gated(self, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """A gated activation of separate gate and up tensors, as autograd_forward computes it."""
+        return self.eager(g, u) if self.eager else self.fn(g, u, TORCH_MATH)
 
     def forward(self, preact: torch.Tensor) -> torch.Tensor:
         """postact = act(preact), computed in at least fp32, returned in preact's dtype.

@@ -38,6 +38,10 @@ from .activations import Activation
 # gated, just above the largest measured slower (825).
 MAX_FLOP_GATED = 0.5e12
 MAX_FLOP = 1.0e12
+# Rows per input feature from which a gated small step runs fc1 as two GEMMs (small_step): two
+# GEMMs were faster at 8 and slower at 1 (the shapes measured); 3 is about their geometric
+# middle.
+GATE_GEMMS_MIN_ROWS_PER_FEATURE = 3
 
 
 def step_flop(rows: int, in_features: int, fc1_rows: int, hidden: int, out_features: int) -> int:
@@ -56,15 +60,33 @@ def applies(rows: int, in_features: int, fc1_rows: int, hidden: int, out_feature
             and step_flop(rows, in_features, fc1_rows, hidden, out_features) < limit)
 
 
+def splits_the_weight(rows: int, in_features: int) -> bool:
+    """Whether a gated small step runs fc1 as two GEMMs on W1's gate and up rows (see
+    small_step): once the activation is GATE_GEMMS_MIN_ROWS_PER_FEATURE times fc1's input width."""
+    return rows >= GATE_GEMMS_MIN_ROWS_PER_FEATURE * in_features
+
+
 def small_step(x: torch.Tensor, w1: torch.Tensor, b1, w2: torch.Tensor, b2,
                act: Activation) -> torch.Tensor:
     """act(x @ w1.T + b1) @ w2.T + b2 on one rank, differentiated by autograd.
 
-    Gated, the activation reads fc1's interleaved (gate, up) pairs in place, as strided views.
-    Running fc1 instead on a copy of the weight in [all gate; all up] order, so that the
-    activation reads contiguous halves as eager's does, was slower at both shapes measured
-    (held, H200, 2026-12-02, `bench sweep`): T=2048 d=2048 swiglu h=2816 0.78x eager against
-    0.98x, T=8192 d=1024 swiglu h=2816 0.85x against 0.87x; the copies (one each way, of the
-    weight's size) and their autograd nodes cost more than the strided reads save.
+    Gated, fc1's rows hold interleaved (gate, up) pairs. With few rows per input feature, fc1 is
+    one GEMM and the activation reads its output's pairs in place (two strided views of one
+    ``[..., h, 2]`` view); the backward then stacks the two gradients back into pairs, one copy
+    kernel storing 2-byte elements at a 4-byte stride: 0.211 ms at T=8192 d=1024 h=2816, where
+    eager's cat of contiguous halves takes 0.045 (torch.profiler, H200, 2026-12-02, `bench
+    profile`). With many rows, fc1 runs instead as two GEMMs on the gate rows and the up rows
+    in place (a leading dimension of 2 x in_features, no copy), whose outputs are contiguous:
+    weight-sized work (each slice's gradient lands in a zeroed copy of W1, then a sum) for
+    activation-sized savings. Held steps against eager's, two runs
+    (`tools/small_step_variants.py`, H200, 2026-12-02): T=8192 d=1024 h=2816 (8 rows per
+    feature) 1.06-1.09x with two GEMMs, 0.85-0.88x with the pairs read in place; T=2048 d=2048
+    (1) 0.86-0.87x and 0.98x; T=512 d=8192 (1/16) 0.52x and 0.99-1.00x. A copy of W1 in [gate;
+    up] order for one GEMM measured 0.93-0.97x at 8 rows per feature, 0.87-0.88x at 1 and 0.66x
+    at 1/16.
     """
+    if act.gated and splits_the_weight(x.numel() // x.shape[-1], w1.shape[1]):
+        gate = F.linear(x, w1[0::2], None if b1 is None else b1[0::2])
+        up = F.linear(x, w1[1::2], None if b1 is None else b1[1::2])
+        return F.linear(act.autograd_gated(gate, up), w2, b2)
     return F.linear(act.autograd_forward(F.linear(x, w1, b1)), w2, b2)

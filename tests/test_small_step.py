@@ -82,8 +82,8 @@ def test_an_activation_without_a_torch_spelling_uses_its_formula():
 
 
 # Awkward sizes: rows not a multiple of anything, odd widths, a 3-D input; fewer rows than
-# in_features and more.
-@pytest.mark.parametrize("lead", [(3, 5), (4, 10)])
+# in_features and more, and (96 rows on 24 features) enough for gated fc1 as two GEMMs.
+@pytest.mark.parametrize("lead", [(3, 5), (4, 10), (8, 12)])
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("name", ["swiglu", "gelu_tanh_approx", "swiglu_oai", "relu_sq"])
 def test_small_step_matches_the_reference_with_every_gradient(name, bias, lead):
@@ -108,6 +108,32 @@ def test_small_step_matches_the_reference_with_every_gradient(name, bias, lead):
             continue
         grad = leaf.grad.reshape(-1, d) if key == "x" else leaf.grad
         torch.testing.assert_close(grad, want[key], msg=f"{name} grad of {key}")
+
+
+def test_gated_fc1_runs_as_two_gemms_from_the_rows_per_feature_threshold(monkeypatch):
+    """From GATE_GEMMS_MIN_ROWS_PER_FEATURE rows per input feature, gated fc1 is two GEMMs on
+    W1's gate and up rows in place (three F.linear calls in all), below it one (two calls);
+    non-gated steps always one."""
+    per = small_step.GATE_GEMMS_MIN_ROWS_PER_FEATURE
+    assert not small_step.splits_the_weight(per * 16 - 1, 16)
+    assert small_step.splits_the_weight(per * 16, 16)
+    calls = []
+    linear = small_step.F.linear
+
+    def counted(x, w, b=None):
+        calls.append(tuple(w.stride()))
+        return linear(x, w, b)
+
+    monkeypatch.setattr(small_step.F, "linear", counted)
+    d, h = 16, 8
+    for name, rows, want in [("swiglu", per * d - 1, [(d, 1), (h, 1)]),
+                             ("swiglu", per * d, [(2 * d, 1), (2 * d, 1), (h, 1)]),
+                             ("gelu_tanh_approx", per * d, [(d, 1), (h, 1)])]:
+        calls.clear()
+        act = ACTIVATIONS[name]
+        w1 = torch.randn((2 if act.gated else 1) * h, d)
+        small_step.small_step(torch.randn(rows, d), w1, None, torch.randn(d, h), None, act)
+        assert calls == want, (name, rows)
 
 
 def test_the_layer_runs_the_small_step_when_the_rule_says_so(monkeypatch):

@@ -21,7 +21,7 @@ def test_lists_every_step_with_its_command():
     assert r.returncode == 0
     steps = [line.split()[0] for line in r.stdout.splitlines()]
     assert steps == ["tests_kernels", "tests_layer", "tests_all", "streamk", "streamk_fill", "configs_small", "gemm", "mlp", "sweep", "sweep_small", "sweep_graphed",
-                     "tp", "tp_sp", "profile", "host_step", "cold", "clock", "full", "ncu"]
+                     "tp", "tp_sp", "profile", "small_step_variants", "host_step", "cold", "clock", "full", "ncu"]
     assert "pytest -q -m gpu tests/kernels" in r.stdout
     commands = dict(line.split(None, 1) for line in r.stdout.splitlines())
     assert "python3 -m parallel_mlp.bench sweep --json" in commands["sweep"]
@@ -114,3 +114,19 @@ def test_clock_probe_needs_a_gpu():
     spec.loader.exec_module(probe)
     with pytest.raises(SystemExit, match="needs a CUDA GPU"):
         probe.main(["--seconds", "0.1"])
+
+
+def test_small_step_variants_spell_the_same_mlp(monkeypatch, capsys):
+    """tools/small_step_variants.py --check-only: every spelling of the gated small step gives
+    eager's gradients (CPU, small shapes on both sides of the two-GEMM threshold)."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("small_step_variants",
+                                                  TOOLS / "small_step_variants.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(mod, "SHAPES", [(96, 32, 24), (20, 64, 40)])
+    monkeypatch.setattr(sys, "argv", ["small_step_variants.py", "--check-only"])
+    assert mod.main() == 0
+    assert capsys.readouterr().out.count("every spelling's gradients match eager's") == 2

@@ -37,6 +37,9 @@
 #     tp_sp          the same, sequence parallel, with PyTorch's async TP beside them (~8 min)
 #     profile        one MLP step's kernels and idle gaps, ours and eager (torch.profiler), and
 #                    where the host time of one launch goes
+#     small_step_variants  tools/small_step_variants.py: ways to spell the gated small step in
+#                    autograd ops, held and graphed beside eager, at the sweep's gated small steps
+#                    (~1 min)
 #     host_step      where a host-bound step's time goes, at four small-step shapes of the sweep:
 #                    ours (fused, auto), ours on the torch backend, the small step's ops without
 #                    the layer, and eager, with autograd's device threads on and off (~4 min)
@@ -69,13 +72,14 @@ declare -A CMD=(
   [tp]="timeout 120 python3 -m pytest -q -m gpu tests/test_layer_gpu.py -k nccl; timeout 420 python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m parallel_mlp.bench tp --configs swiglu:28672,swiglu:14336,gelu_tanh_approx:32768 --json $OUT/tp.json; python3 -m parallel_mlp.bench tp-model --tp-json $OUT/tp.json"
   [tp_sp]="timeout 480 python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m parallel_mlp.bench tp --sequence-parallel --configs swiglu:28672,swiglu:14336,gelu_tanh_approx:32768 --json $OUT/tp-sp.json"
   [profile]="timeout 200 $BENCH profile && timeout 150 $BENCH profile --h 7168 && timeout 60 $BENCH host"
+  [small_step_variants]="timeout 200 python3 tools/small_step_variants.py"
   [host_step]="for s in 512,1024,2816,swiglu 512,1024,512,gelu_tanh_approx 4096,1024,4096,gelu_tanh_approx 512,8192,2752,swiglu; do timeout 150 $BENCH host --step --calls 200 --shape \$s; done"
   [cold]="timeout 120 $BENCH cold --json $OUT/cold.json"
   [clock]="timeout 120 python3 tools/clock_probe.py --h 7168 && timeout 150 python3 tools/clock_probe.py --h 14336"
   [full]="timeout 570 $BENCH --budget-s 420 --json $OUT/bench.json --png $OUT/bench.png"
   [ncu]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 5 --launch-count 5 --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis $BENCH ncu-cases"
 )
-ORDER=(tests_kernels tests_layer tests_all streamk streamk_fill configs_small gemm mlp sweep sweep_small sweep_graphed tp tp_sp profile host_step cold clock full ncu)
+ORDER=(tests_kernels tests_layer tests_all streamk streamk_fill configs_small gemm mlp sweep sweep_small sweep_graphed tp tp_sp profile small_step_variants host_step cold clock full ncu)
 
 steps=("$@")
 if [ ${#steps[@]} -eq 0 ]; then

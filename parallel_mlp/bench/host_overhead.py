@@ -47,6 +47,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m parallel_mlp.bench host", description=__doc__.split("\n")[0])
     p.add_argument("--calls", type=int, default=300)
     p.add_argument("--step", action="store_true", help="a whole host-bound fwd+bwd (see above)")
+    p.add_argument("--forward", action="store_true",
+                   help="with --step: the forward alone, the models interleaved in rounds, and the "
+                        "layer's checks and dispatch one by one (what the layer's Python adds)")
     p.add_argument("--shape", type=parse_shape, default=STEP_SHAPE, metavar="T,d,h,act",
                    help="--step's shape (default %(default)s)")
     p.add_argument("--stub", action="store_true",
@@ -56,6 +59,8 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         raise SystemExit("host needs a CUDA GPU")
     if args.step:
+        if args.forward:
+            return forward_probe(args.calls, args.shape)
         return step_probe(args.calls, args.shape)
 
     from ..kernels import aot_runtime, ops
@@ -176,6 +181,48 @@ def _syncs(step) -> str:
         return str(e).splitlines()[0]
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+def forward_probe(calls: int, shape: tuple[int, int, int, str] = STEP_SHAPE,
+                  rounds: int = 15) -> int:
+    """Host µs per forward (autograd recording, outputs dropped) of ours on ``auto``, the small
+    step's ops alone and eager, and of the layer's checks and dispatch called one by one; every
+    entry timed once per round, rounds interleaved, min and median printed: the host's speed
+    drifts, so only entries timed side by side compare."""
+    from .. import checks, small_step
+    from ..activations import get_activation
+    from .models import EagerMLP, build_parallel_mlp, chunked_w1
+
+    T, d, h, act = shape
+    a = get_activation(act)
+    w1 = torch.randn(2 * h if a.gated else h, d, device="cuda").to(torch.bfloat16)
+    w2 = torch.randn(d, h, device="cuda").to(torch.bfloat16)
+    x = torch.randn(T, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    ours = build_parallel_mlp(w1, w2, act, h, backend="auto")
+    alone = _SmallStepOnly(w1, w2, act)
+    eager = EagerMLP(chunked_w1(w1, a.gated), w2, act)
+    W1, W2, tp = ours.fc1.weight, ours.fc2.weight, ours.tp
+    entries = {
+        "ours, auto: module call": lambda: ours(x),
+        "small step's ops alone: module call": lambda: alone(x),
+        "eager: module call": lambda: eager(x),
+        "check_shards": lambda: checks.check_shards(x, W1, None, W2, None, a),
+        "small_step.applies, with its arguments": lambda: small_step.applies(
+            x.numel() // x.shape[-1], W1.shape[1], W1.shape[0], W2.shape[1], W2.shape[0],
+            device_type=x.device.type, backend="auto", tp_size=tp.size, recompute=False,
+            fuse_grad_accum=False, compiling=torch.compiler.is_compiling()),
+        "torch.compiler.is_compiling": torch.compiler.is_compiling,
+        "empty lambda": lambda: None,
+    }
+    times = {name: [] for name in entries}
+    for _ in range(rounds):
+        for name, fn in entries.items():
+            times[name].append(host_us_per_call(fn, calls=calls, warmup=3))
+    print(f"host µs per call, T={T} d={d} {act} h={h}; {rounds} interleaved rounds of {calls} "
+          f"calls; {torch.cuda.get_device_name()}")
+    for name, ts in times.items():
+        print(f"  min {min(ts):8.2f}  median {statistics.median(ts):8.2f}  {name}")
+    return 0
 
 
 def step_probe(calls: int, shape: tuple[int, int, int, str] = STEP_SHAPE) -> int:

@@ -1,0 +1,122 @@
+"""Ways to spell the gated small step in plain autograd ops, timed side by side (a GPU is needed).
+
+    python3 tools/small_step_variants.py [--hold-s 0.5] [--rounds 2]
+
+fc1's weight holds interleaved (gate, up) rows, so its output holds interleaved pairs. How the
+activation splits them decides the backward's kernels: unbind's backward is a stack into the
+interleaved layout (one copy kernel storing 2-byte elements at a 4-byte stride), where eager's
+chunk of contiguous halves is a cat. The layer's small step (small_step.py) picks between the
+first and the last spelling below by rows per input feature. Each computes the same MLP; each is timed
+held (as the sweep times) and as a CUDA graph (its kernels alone, no host), at the sweep's gated
+small-step shapes, with its gradients checked against eager's.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from parallel_mlp.bench.harness import Ctx, l2_bytes, time_with_tflops
+from parallel_mlp.bench.models import (EagerMLP, build_parallel_mlp, chunked_w1, cuda_graphed,
+                                       mlp_flops, train_step, weight_grads)
+
+SHAPES = [  # T, d, h: the sweep's gated small steps
+    (8192, 1024, 2816), (2048, 2048, 2816), (512, 1024, 2816), (512, 8192, 2752)]
+
+
+class Spelled(nn.Module):
+    """The swiglu MLP on an interleaved W1, its gated split done by ``split(preact, x, w1)``."""
+
+    def __init__(self, w1, w2, split):
+        super().__init__()
+        self.w1, self.w2 = nn.Parameter(w1.clone()), nn.Parameter(w2.clone())
+        self.split = split
+
+    def forward(self, x):
+        g, u = self.split(x, self.w1)
+        return F.linear(F.silu(g) * u, self.w2)
+
+
+def pairs_in_place(x, w1):
+    # one GEMM, the pairs read as two strided views: its backward stacks them back into pairs
+    return F.linear(x, w1).unflatten(-1, (-1, 2)).unbind(-1)
+
+
+def transposed_unbind(x, w1):
+    # unbind over a [.., 2, h] view: its backward stacks contiguous halves, then one transpose copy
+    return F.linear(x, w1).unflatten(-1, (-1, 2)).transpose(-1, -2).unbind(-2)
+
+
+def weight_in_halves(x, w1):
+    # fc1 on a copy of W1 in [gate; up] order: eager's kernels plus a weight-sized copy each way
+    h2, d = w1.shape
+    halves = w1.view(h2 // 2, 2, d).transpose(0, 1).reshape(h2, d)
+    return F.linear(x, halves).chunk(2, dim=-1)
+
+
+def strided_weight(x, w1):
+    # two GEMMs on the gate and up rows in place (leading dimension 2d), contiguous outputs
+    return F.linear(x, w1[0::2]), F.linear(x, w1[1::2])
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--hold-s", type=float, default=0.5)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--check-only", action="store_true",
+                   help="compare the spellings' gradients with eager's, time nothing (any device)")
+    args = p.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    ctx = Ctx(device=device, dtype=torch.bfloat16, tokens=0, d_model=0, configs=[], iters=10,
+              warmup=3, backend="auto", deadline=float("inf"), hold_s=args.hold_s,
+              rounds=args.rounds, quiet=True)
+    ctx.l2_bytes = l2_bytes(device)
+    torch.manual_seed(0)
+    for T, d, h in SHAPES:
+        w1 = (torch.randn(2 * h, d, device=device) * d ** -0.5).bfloat16()
+        w2 = (torch.randn(d, h, device=device) * h ** -0.5).bfloat16()
+        xs = [torch.randn(T, d, device=device, dtype=torch.bfloat16, requires_grad=True)
+              for _ in range(2)]
+        dys = [torch.randn(T, d, device=device, dtype=torch.bfloat16) for _ in range(2)]
+        models = {
+            "eager": EagerMLP(chunked_w1(w1, True), w2.clone(), "swiglu"),
+            "the layer's small step": build_parallel_mlp(w1, w2, "swiglu", h),
+            "pairs in place (unbind)": Spelled(w1, w2, pairs_in_place),
+            "transposed unbind": Spelled(w1, w2, transposed_unbind),
+            "weight in halves": Spelled(w1, w2, weight_in_halves),
+            "strided weight": Spelled(w1, w2, strided_weight),
+        }
+        ref = None
+        for name, model in models.items():
+            train_step(model, xs[0], dys[0])
+            wgrads = ((model.w1.grad, model.w2.grad) if isinstance(model, Spelled)
+                      else weight_grads(model, True))
+            grads = [g.float() for g in (xs[0].grad, *wgrads)]
+            if ref is None:
+                ref = grads
+            else:
+                errs = [((a - b).norm() / b.norm()).item() for a, b in zip(grads, ref)]
+                assert max(errs) < 2e-2, f"{name}: gradients differ from eager's ({errs})"
+        if args.check_only:
+            print(f"T={T} d={d} h={h}: every spelling's gradients match eager's")
+            continue
+        for name in list(models):
+            models[f"{name}, graphed"] = cuda_graphed(models[name], xs[0])
+        steps = {name: (lambda i, m=m: train_step(m, xs[i], dys[i])) for name, m in models.items()}
+        times = time_with_tflops(ctx, steps, 2, mlp_flops(T, d, "swiglu", h))
+        print(f"T={T} d={d} swiglu h={h}: ms per fwd+bwd, held {args.hold_s} s x {args.rounds}")
+        base, base_graphed = times["eager"]["ms"], times["eager, graphed"]["ms"]
+        for name in models:
+            if name.endswith(", graphed"):
+                continue
+            t, g = times[name]["ms"], times[f"{name}, graphed"]["ms"]
+            print(f"  {name:34s} {t:7.3f} ({base / t:5.3f}x eager)   graphed {g:7.3f} "
+                  f"({base_graphed / g:5.3f}x)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
