@@ -66,16 +66,23 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--hold-s", type=float, default=0.5)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--with-baselines", action="store_true",
+                   help="also build and time torch.compile's and quack's MLP beside them, as the "
+                        "sweep does (does their presence slow the process's host work?)")
     p.add_argument("--check-only", action="store_true",
                    help="compare the spellings' gradients with eager's, time nothing (any device)")
+    p.add_argument("--shapes", default=None, metavar="TxDxH,...",
+                   help="instead of the sweep's four, e.g. 512x1024x2816,2048x2048x2816")
     args = p.parse_args()
+    shapes = SHAPES if args.shapes is None else [
+        tuple(int(v) for v in item.split("x")) for item in args.shapes.split(",")]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     ctx = Ctx(device=device, dtype=torch.bfloat16, tokens=0, d_model=0, configs=[], iters=10,
               warmup=3, backend="auto", deadline=float("inf"), hold_s=args.hold_s,
               rounds=args.rounds, quiet=True)
     ctx.l2_bytes = l2_bytes(device)
     torch.manual_seed(0)
-    for T, d, h in SHAPES:
+    for T, d, h in shapes:
         w1 = (torch.randn(2 * h, d, device=device) * d ** -0.5).bfloat16()
         w2 = (torch.randn(d, h, device=device) * h ** -0.5).bfloat16()
         xs = [torch.randn(T, d, device=device, dtype=torch.bfloat16, requires_grad=True)
@@ -89,11 +96,20 @@ def main() -> int:
             "weight in halves": Spelled(w1, w2, weight_in_halves),
             "strided weight": Spelled(w1, w2, strided_weight),
         }
+        if args.with_baselines:
+            from parallel_mlp.bench import quack_baseline
+
+            models["torch.compile"] = torch.compile(EagerMLP(chunked_w1(w1, True), w2.clone(),
+                                                             "swiglu"), dynamic=False)
+            if quack_baseline.load()[0] is not None:
+                models["quack"] = quack_baseline.build(w1, w2, "swiglu", h)
         ref = None
         for name, model in models.items():
             train_step(model, xs[0], dys[0])
             wgrads = ((model.w1.grad, model.w2.grad) if isinstance(model, Spelled)
                       else weight_grads(model, True))
+            if wgrads is None:  # a model whose weights weight_grads cannot find
+                continue
             grads = [g.float() for g in (xs[0].grad, *wgrads)]
             if ref is None:
                 ref = grads
@@ -103,7 +119,8 @@ def main() -> int:
         if args.check_only:
             print(f"T={T} d={d} h={h}: every spelling's gradients match eager's")
             continue
-        for name in list(models):
+        baselines = {"torch.compile", "quack"}
+        for name in [n for n in models if n not in baselines]:
             models[f"{name}, graphed"] = cuda_graphed(models[name], xs[0])
         steps = {name: (lambda i, m=m: train_step(m, xs[i], dys[i])) for name, m in models.items()}
         times = time_with_tflops(ctx, steps, 2, mlp_flops(T, d, "swiglu", h))
@@ -112,9 +129,12 @@ def main() -> int:
         for name in models:
             if name.endswith(", graphed"):
                 continue
-            t, g = times[name]["ms"], times[f"{name}, graphed"]["ms"]
-            print(f"  {name:34s} {t:7.3f} ({base / t:5.3f}x eager)   graphed {g:7.3f} "
-                  f"({base_graphed / g:5.3f}x)")
+            t = times[name]["ms"]
+            line = f"  {name:34s} {t:7.3f} ({base / t:5.3f}x eager)"
+            if f"{name}, graphed" in times:
+                g = times[f"{name}, graphed"]["ms"]
+                line += f"   graphed {g:7.3f} ({base_graphed / g:5.3f}x)"
+            print(line)
     return 0
 
 
