@@ -206,6 +206,25 @@ def test_table_has_every_variant_and_the_summary():
     assert "Outputs or gradients that disagree with eager's" in text and "h=5504 (TP2 of 11008): quack" in text
 
 
+def test_header_reports_the_host_probe_and_skips_what_was_not_read():
+    results = fake_results()
+    results["meta"]["host_probe_us"] = {"start": 180.4, "before the shapes": 395.0,
+                                        "after the last shape": None}
+    text = sweep_report.format_sweep(results)
+    assert ("host speed (µs per fwd+bwd of a tiny eager MLP, all host time): 180 start, "
+            "395 before the shapes\n") in text
+    results["meta"]["host_probe_us"] = {"start": None}
+    assert "host speed" not in sweep_report.format_sweep(results)
+
+
+def test_host_probe_needs_cuda():
+    from parallel_mlp.bench.harness import Ctx
+
+    ctx = Ctx(device=torch.device("cpu"), dtype=torch.float32, tokens=0, d_model=0, configs=[],
+              iters=1, warmup=0, backend="torch", deadline=float("inf"))
+    assert sweep.host_probe_us(ctx) is None
+
+
 def test_summary_names_the_shapes_where_the_torch_backend_wins():
     results = fake_results()
     # the torch backend: slower than ours at the first two shapes, faster at the gelu one

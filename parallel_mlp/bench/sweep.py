@@ -282,6 +282,28 @@ def compile_ahead(shapes, args, warm_ours: bool, warm_quack: bool, num_sms: int)
     return out
 
 
+# A swiglu step this small (tokens, width) has next to no GPU work: its time is the host's.
+HOST_PROBE_SHAPE = (64, 256)
+
+
+def host_probe_us(ctx: Ctx) -> float | None:
+    """Host µs per fwd+bwd of a tiny eager MLP (None without CUDA): how fast this process does
+    host work. Read at the start, after quack's import and the kernels compiled ahead, and after
+    the last shape: built and timed beside torch.compile's and quack's MLPs, the same eager step
+    ran ~2x slower on the H200 host (`tools/small_step_variants.py --with-baselines`), and the
+    host-bound rows run at that speed."""
+    if not ctx.cuda:
+        return None
+    from .models import EagerMLP, train_step
+    from .timing import host_us_per_call
+
+    tokens, d = HOST_PROBE_SHAPE
+    model = EagerMLP(ctx.rand(2 * 4 * d, d), ctx.rand(d, 4 * d), "swiglu")
+    x = ctx.rand(tokens, d).requires_grad_(True)
+    dy = ctx.rand(tokens, d)
+    return host_us_per_call(lambda: train_step(model, x, dy), calls=300, warmup=10)
+
+
 def takes_small_step(ctx: Ctx, shape: Shape) -> bool:
     """Whether ours (ParallelMLP with ctx.backend, one rank, default mode) runs this shape's step
     as plain autograd ops (small_step.py)."""
@@ -328,6 +350,7 @@ def run(args: argparse.Namespace) -> dict:
               deadline=float("inf"), hold_s=args.hold_s, rounds=args.rounds, quiet=True)
     ctx.l2_bytes = l2_bytes(device)
     torch.manual_seed(0)
+    host_us = {"start": host_probe_us(ctx)}
     probe_ours(ctx)
     shapes, names = grid(args), variants(args)
     if "quack" in names:
@@ -358,7 +381,8 @@ def run(args: argparse.Namespace) -> dict:
         "quick": args.quick, "variants": names, "budget_s": args.budget_s, "estimate": plan,
         "backend_note": getattr(args, "backend_note", None),
         "quack": {"version": quack_baseline.version(), "tuned": args.quack_tuned,
-                  "unavailable": ctx.unavailable.get("quack")}}
+                  "unavailable": ctx.unavailable.get("quack")},
+        "host_probe_us": host_us}
     results = {"meta": meta, "rows": []}
 
     def save():
@@ -373,6 +397,7 @@ def run(args: argparse.Namespace) -> dict:
     if warm_ours or warm_quack:
         results["compile_ahead"] = compile_ahead(shapes, args, warm_ours, warm_quack, num_sms)
         save()
+    host_us["before the shapes"] = host_probe_us(ctx)
 
     progress = Progress(len(shapes))
     for i, shape in enumerate(shapes):
@@ -390,6 +415,7 @@ def run(args: argparse.Namespace) -> dict:
         free_memory(ctx)
     progress.update(len(shapes), "done")
     progress.close()
+    host_us["after the last shape"] = host_probe_us(ctx)
     results["meta"]["wall_s"] = time.monotonic() - start
     save()
     watchdog.cancel()

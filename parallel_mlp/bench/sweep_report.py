@@ -46,6 +46,10 @@ def _header(results: dict) -> list[str]:
         lines.append(f"quack {quack.get('version')}: quack.mlp.MLP, {mode}")
     lines.append("x eager, x quack: eager's (quack's) time / this variant's, > 1 where it is "
                  "faster; step GB: the step's peak above what was allocated before it")
+    probe = {k: v for k, v in (meta.get("host_probe_us") or {}).items() if v is not None}
+    if probe:
+        lines.append("host speed (µs per fwd+bwd of a tiny eager MLP, all host time): " + ", ".join(
+            f"{v:.0f} {k}" for k, v in probe.items()))
     return lines
 
 
