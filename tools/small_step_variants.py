@@ -5,10 +5,10 @@
 fc1's weight holds interleaved (gate, up) rows, so its output holds interleaved pairs. How the
 activation splits them decides the backward's kernels: unbind's backward is a stack into the
 interleaved layout (one copy kernel storing 2-byte elements at a 4-byte stride), where eager's
-chunk of contiguous halves is a cat. The layer's small step (small_step.py) picks between the
-first and the last spelling below by rows per input feature. Each computes the same MLP; each is timed
-held (as the sweep times) and as a CUDA graph (its kernels alone, no host), at the sweep's gated
-small-step shapes, with its gradients checked against eager's.
+chunk of contiguous halves is a cat. The layer's small step (small_step.py) picks between
+pairs_in_place and strided_weight by rows per input feature. Each spelling computes the same
+MLP; each is timed held (as the sweep times) and as a CUDA graph (its kernels alone, no host),
+at the sweep's gated small-step shapes, with its gradients checked against eager's.
 """
 
 from __future__ import annotations
@@ -62,6 +62,14 @@ def strided_weight(x, w1):
     return F.linear(x, w1[0::2]), F.linear(x, w1[1::2])
 
 
+def unbound_weight(x, w1):
+    # the same two GEMMs on views from unbind: the weight gradient is one stack of the two halves'
+    # rows (d contiguous elements each), where slicing's backward zero-fills a W1-sized tensor
+    # per half and adds them
+    gate, up = w1.unflatten(0, (-1, 2)).unbind(1)
+    return F.linear(x, gate), F.linear(x, up)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--hold-s", type=float, default=0.5)
@@ -95,6 +103,7 @@ def main() -> int:
             "transposed unbind": Spelled(w1, w2, transposed_unbind),
             "weight in halves": Spelled(w1, w2, weight_in_halves),
             "strided weight": Spelled(w1, w2, strided_weight),
+            "strided weight, by unbind": Spelled(w1, w2, unbound_weight),
         }
         if args.with_baselines:
             from parallel_mlp.bench import quack_baseline
