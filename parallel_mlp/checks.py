@@ -48,8 +48,11 @@ def _plainly_valid(x, w1, b1, w2, b2, act: Activation) -> bool:
 
 def check_shards(x, w1, b1, w2, b2, act: Activation) -> None:
     """Shapes, dtypes and devices of one rank's MLP inputs (see parallel_mlp_func)."""
-    if _plainly_valid(x, w1, b1, w2, b2, act):
-        return
+    if not _plainly_valid(x, w1, b1, w2, b2, act):
+        _check_shards_fully(x, w1, b1, w2, b2, act)
+
+
+def _check_shards_fully(x, w1, b1, w2, b2, act: Activation) -> None:
     require_tensor("x", x)
     require_tensor("w1", w1)
     require_tensor("w2", w2)

@@ -107,3 +107,37 @@ def test_explicit_cute_backend_that_cannot_run():
     mlp = ParallelMLP(8, 16, backend="cute")
     with pytest.raises(ValueError, match=r"backend='cute' cannot run here: a cpu tensor was given"):
         mlp(torch.randn(2, 8))
+
+
+def test_the_checks_fast_path_accepts_only_what_the_full_checks_accept():
+    """check_shards answers the common case in a few comparisons before its full checks: over
+    random combinations of shapes, dtypes, devices, biases and non-tensors, whenever that fast
+    path says valid, the full checks (called past it) raise nothing."""
+    import random
+
+    from parallel_mlp import checks
+    from parallel_mlp.activations import ACTIVATIONS
+
+    rng = random.Random(0)
+    accepted = 0
+
+    def pick(good, *bad):  # mostly the valid choice, so that the fast path is reached often
+        return good if rng.random() < 0.75 else rng.choice(bad)
+
+    for _ in range(400):
+        act = ACTIVATIONS[rng.choice(["swiglu", "gelu_tanh_approx"])]
+        d, h = rng.choice([3, 4]), rng.choice([2, 3])
+        rows = pick(2 * h if act.gated else h, h, 2 * h + 1)
+        base = rng.choice([torch.float32, torch.float64])
+        dtype = lambda: pick(base, torch.int32, torch.float16)
+        x = torch.zeros(*pick((5, d), (2, 3, d), (d,), (5, d + 1)), dtype=dtype())
+        w1 = torch.zeros(*pick((rows, d), (rows, d + 1), (rows,)), dtype=dtype())
+        w2 = torch.zeros(*pick((7, h), (7, h + 1), (h,)), dtype=dtype())
+        if rng.random() < 0.05:
+            w2 = w2.tolist()
+        b1 = pick(None, torch.zeros(rows, dtype=base), torch.zeros(rows + 1))
+        b2 = pick(None, torch.zeros(7, dtype=base), torch.zeros(6))
+        if checks._plainly_valid(x, w1, b1, w2, b2, act):
+            accepted += 1
+            checks._check_shards_fully(x, w1, b1, w2, b2, act)  # must not raise
+    assert accepted > 10  # the fast path was exercised
