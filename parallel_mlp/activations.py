@@ -178,6 +178,12 @@ def _glu_eager(g, u):
     return torch.sigmoid(g) * u
 
 
+def interleaved_pairs(preact: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(gate, up) of an interleaved gated pre-activation ``[..., 2h]``, as two strided views of
+    one ``[..., h, 2]`` view: no copy, and autograd's backward through them is a single stack."""
+    return preact.unflatten(-1, (-1, 2)).unbind(-1)
+
+
 def _upcast(t: torch.Tensor) -> torch.Tensor:
     """At least fp32: bf16/fp16 are computed in fp32 (as the kernels do), fp64 stays fp64."""
     return t.to(torch.promote_types(t.dtype, torch.float32))
@@ -200,10 +206,10 @@ class Activation:
 
     def autograd_forward(self, preact: torch.Tensor) -> torch.Tensor:
         """postact = act(preact) in preact's dtype, as torch ops that autograd differentiates
-        (``eager``, else the formula on TORCH_MATH). Gated: the interleaved pairs are read as
-        two strided views of one ``[..., h, 2]`` view, whose backward is a single stack."""
+        (``eager``, else the formula on TORCH_MATH). Gated: the pairs read in place
+        (``interleaved_pairs``)."""
         if self.gated:
-            return self.autograd_gated(*preact.unflatten(-1, (-1, 2)).unbind(-1))
+            return self.autograd_gated(*interleaved_pairs(preact))
         return self.eager(preact) if self.eager else self.fn(preact, TORCH_MATH)
 
     def autograd_gated(self, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

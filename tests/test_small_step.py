@@ -174,3 +174,23 @@ def test_an_explicit_backend_never_asks_the_rule(monkeypatch):
     mlp(torch.randn(4, 16))
     parallel_mlp_func(torch.randn(4, 16), mlp.fc1.weight, mlp.fc2.weight, "gelu_tanh_approx",
                       backend="torch")
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_both_fc1_spellings_give_the_gate_and_up_halves(bias):
+    """gate_and_up_in_place and gate_and_up_by_two_gemms both return (x @ W1[0::2].T + b1[0::2],
+    x @ W1[1::2].T + b1[1::2]) of the interleaved W1, for a 3-D x, with their gradients."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 5, 6, generator=g, dtype=torch.float64)
+    w1 = torch.randn(8, 6, generator=g, dtype=torch.float64)
+    b1 = torch.randn(8, generator=g, dtype=torch.float64) if bias else None
+    want = (x @ w1[0::2].T + (b1[0::2] if bias else 0), x @ w1[1::2].T + (b1[1::2] if bias else 0))
+    grads = []
+    for split in (small_step.gate_and_up_in_place, small_step.gate_and_up_by_two_gemms):
+        w = w1.clone().requires_grad_()
+        gate, up = split(x, w, b1)
+        torch.testing.assert_close(gate, want[0])
+        torch.testing.assert_close(up, want[1])
+        (gate * 2 + up * 3).sum().backward()
+        grads.append(w.grad)
+    torch.testing.assert_close(grads[0], grads[1])

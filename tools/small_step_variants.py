@@ -5,8 +5,9 @@
 fc1's weight holds interleaved (gate, up) rows, so its output holds interleaved pairs. How the
 activation splits them decides the backward's kernels: unbind's backward is a stack into the
 interleaved layout (one copy kernel storing 2-byte elements at a 4-byte stride), where eager's
-chunk of contiguous halves is a cat. The layer's small step (small_step.py) picks between
-pairs_in_place and strided_weight by rows per input feature. Each spelling computes the same
+chunk of contiguous halves is a cat. The layer's small step (small_step.py) picks between its
+gate_and_up_in_place and gate_and_up_by_two_gemms, timed here as they are, by rows per input
+feature. Each spelling computes the same
 MLP; each is timed held (as the sweep times) and as a CUDA graph (its kernels alone, no host),
 at the sweep's gated small-step shapes, with its gradients checked against eager's.
 """
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from parallel_mlp.bench.harness import Ctx, l2_bytes, time_with_tflops
+from parallel_mlp.small_step import gate_and_up_by_two_gemms, gate_and_up_in_place
 from parallel_mlp.bench.models import (EagerMLP, build_parallel_mlp, chunked_w1, cuda_graphed,
                                        mlp_flops, train_step, weight_grads)
 
@@ -28,7 +30,7 @@ SHAPES = [  # T, d, h: the sweep's gated small steps
 
 
 class Spelled(nn.Module):
-    """The swiglu MLP on an interleaved W1, its gated split done by ``split(preact, x, w1)``."""
+    """The swiglu MLP on an interleaved W1, fc1's (gate, up) made by ``split(x, w1)``."""
 
     def __init__(self, w1, w2, split):
         super().__init__()
@@ -38,11 +40,6 @@ class Spelled(nn.Module):
     def forward(self, x):
         g, u = self.split(x, self.w1)
         return F.linear(F.silu(g) * u, self.w2)
-
-
-def pairs_in_place(x, w1):
-    # one GEMM, the pairs read as two strided views: its backward stacks them back into pairs
-    return F.linear(x, w1).unflatten(-1, (-1, 2)).unbind(-1)
 
 
 def transposed_unbind(x, w1):
@@ -55,11 +52,6 @@ def weight_in_halves(x, w1):
     h2, d = w1.shape
     halves = w1.view(h2 // 2, 2, d).transpose(0, 1).reshape(h2, d)
     return F.linear(x, halves).chunk(2, dim=-1)
-
-
-def strided_weight(x, w1):
-    # two GEMMs on the gate and up rows in place (leading dimension 2d), contiguous outputs
-    return F.linear(x, w1[0::2]), F.linear(x, w1[1::2])
 
 
 def unbound_weight(x, w1):
@@ -99,10 +91,10 @@ def main() -> int:
         models = {
             "eager": EagerMLP(chunked_w1(w1, True), w2.clone(), "swiglu"),
             "the layer's small step": build_parallel_mlp(w1, w2, "swiglu", h),
-            "pairs in place (unbind)": Spelled(w1, w2, pairs_in_place),
+            "pairs in place (unbind)": Spelled(w1, w2, gate_and_up_in_place),
             "transposed unbind": Spelled(w1, w2, transposed_unbind),
             "weight in halves": Spelled(w1, w2, weight_in_halves),
-            "strided weight": Spelled(w1, w2, strided_weight),
+            "strided weight": Spelled(w1, w2, gate_and_up_by_two_gemms),
             "strided weight, by unbind": Spelled(w1, w2, unbound_weight),
         }
         if args.with_baselines:
