@@ -410,10 +410,15 @@ def _output(out, shape, a, name):
     return out
 
 
-def _padded_width(n: int, dtype: torch.dtype) -> int:
-    """n rounded up to a row of a whole number of 16-byte units at dtype."""
+def _storable(m: int, n: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """An [m, n] output whose rows TMA can store: contiguous where n's rows are 16-byte
+    multiples, else a view of rows padded to one. (Launched on unpadded rows, N=700 in bf16:
+    1400 bytes, stream-K and whole tiles alike stored wrong sums; H200, 2026-12-02, 300 x 700 x
+    40000 and 100 x 300 x 40000.)"""
+    if _aligned((n, dtype.itemsize)):
+        return torch.empty(m, n, dtype=dtype, device=device)
     per = 16 // dtype.itemsize
-    return -(-n // per) * per
+    return torch.empty(m, -(-n // per) * per, dtype=dtype, device=device)[:, :n]
 
 
 def _aligned(*widths_and_sizes) -> bool:
@@ -452,16 +457,10 @@ def gemm(a, b, out=None, out_dtype=None, accumulate=False, *, config: Optional[G
         raise ValueError("accumulate=True needs out=")
     fresh = out is None
     if fresh:
-        dtype = out_dtype or a.dtype
-        if not _aligned((n, dtype.itemsize)):
-            # TMA stores rows at 16-byte strides: a contiguous [m, n] whose rows are not (N=700
-            # in bf16: 1400 bytes) is computed in rows padded to one, then copied out. Launched
-            # on the unpadded rows, stream-K and whole tiles alike stored wrong sums (H200,
-            # 2026-12-02: 300 x 700 x 40000, 100 x 300 x 40000).
-            padded = torch.empty(m, _padded_width(n, dtype), dtype=dtype, device=a.device)
-            return gemm(a, b, out=padded[:, :n], config=config, tuned=tuned,
-                        whole_rows=whole_rows, checked=True).contiguous()
-        out = torch.empty(m, n, dtype=dtype, device=a.device)
+        out = _storable(m, n, out_dtype or a.dtype, a.device)
+        if not out.is_contiguous():  # rows padded for TMA: computed there, handed back contiguous
+            return gemm(a, b, out=out, config=config, tuned=tuned, whole_rows=whole_rows,
+                        checked=True).contiguous()
     if tuple(out.shape) != (m, n):
         raise ValueError(f"out is {tuple(out.shape)}, expected {(m, n)}")
     if accumulate and out.dtype != torch.float32:
@@ -477,8 +476,8 @@ def gemm(a, b, out=None, out_dtype=None, accumulate=False, *, config: Optional[G
         return out
     if not fresh and _tensor_reason(out, "out") is not None:
         # An out view TMA cannot address (misaligned stride or pointer): compute, then copy/add.
-        r = gemm(a, b, out_dtype=torch.float32 if accumulate else out.dtype, config=config, tuned=tuned,
-                 whole_rows=whole_rows, checked=True)
+        r = gemm(a, b, out=_storable(m, n, torch.float32 if accumulate else out.dtype, a.device),
+                 config=config, tuned=tuned, whole_rows=whole_rows, checked=True)
         out.add_(r) if accumulate else out.copy_(r)
         return out
     spec = _spec("accumulate" if accumulate else "store")

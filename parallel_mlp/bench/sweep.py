@@ -115,8 +115,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--png", default=None, help="heat maps (needs matplotlib, the 'bench' extra)")
     p.add_argument("--backend", default="auto", choices=["auto", "cute", "torch"],
                    help="what 'ours' runs on (default auto, ParallelMLP's default: the fused "
-                        "kernels, or plain autograd ops for steps below small_step.MAX_FLOP, "
-                        "with the fused kernels timed beside them there)")
+                        "kernels, or plain autograd ops for steps below small_step's FLOP "
+                        "thresholds, with the fused kernels timed beside them there)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     p.add_argument("--torch-backend", action="store_true",
                    help="also time ParallelMLP on its torch backend (cuBLAS and fused torch "
