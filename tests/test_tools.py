@@ -3,6 +3,7 @@ steps themselves need a GPU)."""
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -130,3 +131,9 @@ def test_small_step_variants_spell_the_same_mlp(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["small_step_variants.py", "--check-only"])
     assert mod.main() == 0
     assert capsys.readouterr().out.count("every spelling's gradients match eager's") == 2
+
+
+def test_small_step_variants_refuses_bad_shapes():
+    r = subprocess.run([sys.executable, str(TOOLS / "small_step_variants.py"), "--check-only",
+                        "--shapes", "512x1024"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--shapes must be TxDxH" in r.stderr

@@ -74,8 +74,13 @@ def main() -> int:
     p.add_argument("--shapes", default=None, metavar="TxDxH,...",
                    help="instead of the sweep's four, e.g. 512x1024x2816,2048x2048x2816")
     args = p.parse_args()
-    shapes = SHAPES if args.shapes is None else [
-        tuple(int(v) for v in item.split("x")) for item in args.shapes.split(",")]
+    shapes = SHAPES
+    if args.shapes is not None:
+        items = [item.split("x") for item in args.shapes.split(",")]
+        if not all(len(i) == 3 and all(v.isdigit() and int(v) > 0 for v in i) for i in items):
+            p.error(f"--shapes must be TxDxH items of positive ints, comma-separated; got "
+                    f"{args.shapes!r}")
+        shapes = [tuple(int(v) for v in i) for i in items]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     ctx = Ctx(device=device, dtype=torch.bfloat16, tokens=0, d_model=0, configs=[], iters=10,
               warmup=3, backend="auto", deadline=float("inf"), hold_s=args.hold_s,
