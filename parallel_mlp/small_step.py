@@ -76,14 +76,21 @@ def small_step(x: torch.Tensor, w1: torch.Tensor, b1, w2: torch.Tensor, b2,
     kernel storing 2-byte elements at a 4-byte stride: 0.211 ms at T=8192 d=1024 h=2816, where
     eager's cat of contiguous halves takes 0.045 (torch.profiler, H200, 2026-12-02, `bench
     profile`). With many rows, fc1 runs instead as two GEMMs on the gate rows and the up rows
-    in place (a leading dimension of 2 x in_features, no copy), whose outputs are contiguous:
-    weight-sized work (each slice's gradient lands in a zeroed copy of W1, then a sum) for
-    activation-sized savings. Held steps against eager's, two runs
-    (`tools/small_step_variants.py`, H200, 2026-12-02): T=8192 d=1024 h=2816 (8 rows per
-    feature) 1.06-1.09x with two GEMMs, 0.85-0.88x with the pairs read in place; T=2048 d=2048
-    (1) 0.86-0.87x and 0.98x; T=512 d=8192 (1/16) 0.52x and 0.99-1.00x. A copy of W1 in [gate;
-    up] order for one GEMM measured 0.93-0.97x at 8 rows per feature, 0.87-0.88x at 1 and 0.66x
-    at 1/16.
+    in place (views of W1 with a leading dimension of 2 x in_features, no copy), whose outputs
+    are contiguous, and the backward's W1 gradient is one stack of the halves' gradients. Held
+    steps against eager's (`tools/small_step_variants.py`, held 0.5 s x 2 and CUDA-graphed, H200,
+    2026-12-02; eager against a second copy of itself in the same run: 0.98-1.04x):
+
+    | rows per input feature                       | T=8192 d=1024 (8) | T=2048 d=2048 (1) | T=512 d=8192 (1/16) |
+    | -------------------------------------------- | ----------------- | ----------------- | ------------------- |
+    | pairs read in place                          | 0.85-0.88x        | 0.97-0.98x        | 0.99x               |
+    | two GEMMs, weight halves by unbind           | 1.11x             | 0.90x             | 0.56x               |
+    | two GEMMs, weight halves by slices           | 1.06-1.09x        | 0.86x             | 0.50-0.52x          |
+    | one GEMM on a copy of W1 in [gate; up] order | 0.93-0.97x        | 0.87x             | 0.66x               |
+
+    Keeping only gate and up for backward (silu(g) recomputed there, a Python backward) measured
+    1.05x at 8 rows per feature with the same step peak (302 MiB: the peak is the backward's
+    gradients, not what the forward keeps), so autograd keeps what eager keeps.
     """
     if not act.gated:
         return F.linear(act.autograd_forward(F.linear(x, w1, b1)), w2, b2)
@@ -98,7 +105,10 @@ def gate_and_up_in_place(x: torch.Tensor, w1: torch.Tensor, b1=None):
 
 
 def gate_and_up_by_two_gemms(x: torch.Tensor, w1: torch.Tensor, b1=None):
-    """(gate, up) of gated fc1 as two GEMMs on W1's gate rows and up rows in place (a leading
-    dimension of 2 x in_features), each output contiguous."""
-    return (F.linear(x, w1[0::2], None if b1 is None else b1[0::2]),
-            F.linear(x, w1[1::2], None if b1 is None else b1[1::2]))
+    """(gate, up) of gated fc1 as two GEMMs on W1's gate rows and up rows in place (views from
+    one unbind, a leading dimension of 2 x in_features), each output contiguous. Through unbind,
+    autograd assembles W1's gradient with one stack of the halves' gradients; through two
+    slices, each half's gradient lands in a zeroed W1-sized tensor and the two are summed."""
+    gate, up = w1.unflatten(0, (-1, 2)).unbind(1)
+    b_gate, b_up = (None, None) if b1 is None else interleaved_pairs(b1)
+    return F.linear(x, gate, b_gate), F.linear(x, up, b_up)

@@ -23,7 +23,8 @@ from torch import nn
 from parallel_mlp.bench.harness import Ctx, l2_bytes, time_with_tflops
 from parallel_mlp.small_step import gate_and_up_by_two_gemms, gate_and_up_in_place
 from parallel_mlp.bench.models import (EagerMLP, build_parallel_mlp, chunked_w1, cuda_graphed,
-                                       mlp_flops, train_step, weight_grads)
+                                       mlp_flops, step_peak_memory, train_step,
+                                       weight_grads)
 
 SHAPES = [  # T, d, h: the sweep's gated small steps
     (8192, 1024, 2816), (2048, 2048, 2816), (512, 1024, 2816), (512, 8192, 2752)]
@@ -32,14 +33,110 @@ SHAPES = [  # T, d, h: the sweep's gated small steps
 class Spelled(nn.Module):
     """The swiglu MLP on an interleaved W1, fc1's (gate, up) made by ``split(x, w1)``."""
 
-    def __init__(self, w1, w2, split):
+    def __init__(self, w1, w2, split, tail=None):
         super().__init__()
         self.w1, self.w2 = nn.Parameter(w1.clone()), nn.Parameter(w2.clone())
-        self.split = split
+        self.split, self.tail = split, tail
 
     def forward(self, x):
         g, u = self.split(x, self.w1)
+        if self.tail is not None:
+            return self.tail(g, u, self.w2)
         return F.linear(F.silu(g) * u, self.w2)
+
+
+class SwigluKeepingHalves(torch.autograd.Function):
+    """silu(g) * u that keeps g and u alone for backward (autograd keeps silu(g) too) and
+    recomputes silu(g) there: one activation-sized tensor less, one elementwise pass more, and a
+    Python backward."""
+
+    @staticmethod
+    def forward(ctx, g, u):
+        ctx.save_for_backward(g, u)
+        return F.silu(g) * u
+
+    @staticmethod
+    def backward(ctx, dpost):
+        g, u = ctx.saved_tensors
+        return torch.ops.aten.silu_backward(dpost * u, g), dpost * F.silu(g)
+
+
+class SwigluFc2Recomputed(torch.autograd.Function):
+    """The activation and fc2 keeping g, u and W2: postact recomputed in backward for fc2's
+    weight gradient (what the fused path's default mode keeps, in torch ops)."""
+
+    @staticmethod
+    def forward(ctx, g, u, w2):
+        ctx.save_for_backward(g, u, w2)
+        return F.linear(F.silu(g) * u, w2)
+
+    @staticmethod
+    def backward(ctx, dy):
+        g, u, w2 = ctx.saved_tensors
+        a = F.silu(g)
+        dpost = dy @ w2
+        dw2 = dy.flatten(0, -2).T @ (a * u).flatten(0, -2)
+        return torch.ops.aten.silu_backward(dpost * u, g), dpost * a, dw2
+
+
+def keeping_halves(g, u, w2):
+    return F.linear(SwigluKeepingHalves.apply(g, u), w2)
+
+
+def transposed_unbind(x, w1):
+    # unbind over a [.., 2, h] view: its backward stacks contiguous halves, then one transpose copy
+    return F.linear(x, w1).unflatten(-1, (-1, 2)).transpose(-1, -2).unbind(-2)
+
+
+def weight_in_halves(x, w1):
+    # fc1 on a copy of W1 in [gate; up] order: eager's kernels plus a weight-sized copy each way
+    h2, d = w1.shape
+    halves = w1.view(h2 // 2, 2, d).transpose(0, 1).reshape(h2, d)
+    return F.linear(x, halves).chunk(2, dim=-1)
+
+
+def sliced_weight(x, w1):
+    # the same two GEMMs on two slices of W1: each half's gradient lands in a zeroed W1-sized
+    # tensor, and the two are summed
+    return F.linear(x, w1[0::2]), F.linear(x, w1[1::2])
+
+
+class SwigluKeepingHalves(torch.autograd.Function):
+    """silu(g) * u that keeps g and u alone for backward (autograd keeps silu(g) too) and
+    recomputes silu(g) there: one activation-sized tensor less, one elementwise pass more, and a
+    Python backward."""
+
+    @staticmethod
+    def forward(ctx, g, u):
+        ctx.save_for_backward(g, u)
+        return F.silu(g) * u
+
+    @staticmethod
+    def backward(ctx, dpost):
+        g, u = ctx.saved_tensors
+        return torch.ops.aten.silu_backward(dpost * u, g), dpost * F.silu(g)
+
+
+class SwigluFc2Recomputed(torch.autograd.Function):
+    """The activation and fc2 keeping g, u and W2: postact recomputed in backward for fc2's
+    weight gradient (what the fused path's default mode keeps, in torch ops)."""
+
+    @staticmethod
+    def forward(ctx, g, u, w2):
+        ctx.save_for_backward(g, u, w2)
+        return F.linear(F.silu(g) * u, w2)
+
+    @staticmethod
+    def backward(ctx, dy):
+        g, u, w2 = ctx.saved_tensors
+        a = F.silu(g)
+        dpost = dy @ w2
+        dw2 = dy.flatten(0, -2).T @ (a * u).flatten(0, -2)
+        return torch.ops.aten.silu_backward(dpost * u, g), dpost * a, dw2
+
+
+def keeping_halves(g, u, w2):
+    return F.linear(SwigluKeepingHalves.apply(g, u), w2)
 
 
 def transposed_unbind(x, w1):
@@ -99,8 +196,15 @@ def main() -> int:
             "pairs in place (unbind)": Spelled(w1, w2, gate_and_up_in_place),
             "transposed unbind": Spelled(w1, w2, transposed_unbind),
             "weight in halves": Spelled(w1, w2, weight_in_halves),
-            "strided weight": Spelled(w1, w2, gate_and_up_by_two_gemms),
-            "strided weight, by unbind": Spelled(w1, w2, unbound_weight),
+            "two GEMMs (unbind)": Spelled(w1, w2, gate_and_up_by_two_gemms),
+            "two GEMMs (slices)": Spelled(w1, w2, sliced_weight),
+            "two GEMMs, keeping g and u": Spelled(w1, w2, gate_and_up_by_two_gemms,
+                                                       keeping_halves),
+            "two GEMMs, fc2 recomputed": Spelled(w1, w2, gate_and_up_by_two_gemms,
+                                                      SwigluFc2Recomputed.apply),
+            "pairs in place, keeping g and u": Spelled(w1, w2, gate_and_up_in_place,
+                                                       keeping_halves),
+            "eager, a second copy": EagerMLP(chunked_w1(w1, True), w2.clone(), "swiglu"),
         }
         if args.with_baselines:
             from parallel_mlp.bench import quack_baseline
@@ -125,6 +229,8 @@ def main() -> int:
         if args.check_only:
             print(f"T={T} d={d} h={h}: every spelling's gradients match eager's")
             continue
+        peaks = {name: step_peak_memory(ctx, m, xs, dys).get("peak_over_start_gb")
+                 for name, m in models.items()}
         baselines = {"torch.compile", "quack"}
         for name in [n for n in models if n not in baselines]:
             models[f"{name}, graphed"] = cuda_graphed(models[name], xs[0])
@@ -137,6 +243,8 @@ def main() -> int:
                 continue
             t = times[name]["ms"]
             line = f"  {name:34s} {t:7.3f} ({base / t:5.3f}x eager)"
+            if peaks.get(name) is not None:
+                line += f"  step peak {peaks[name] * 1024:7.1f} MiB"
             if f"{name}, graphed" in times:
                 g = times[f"{name}, graphed"]["ms"]
                 line += f"   graphed {g:7.3f} ({base_graphed / g:5.3f}x)"
