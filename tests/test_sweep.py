@@ -93,8 +93,61 @@ def test_the_default_sweep_fits_one_device_call():
     assert args.hold_s == sweep.DEFAULT_HOLD_S and args.rounds == sweep.DEFAULT_ROUNDS
     assert plan["total_s"] < 9 * 60 and plan["total_s"] < args.budget_s + 60
     assert len(plan["per_shape_s"]) == 30 and plan["kernels"] > 30
-    # holds are most of it: 30 shapes x 5 variants x 2 turns
-    assert plan["parts_s"]["shapes"] > 30 * 5 * 2 * args.hold_s
+    # holds are most of it: 30 shapes x 6 variants x 2 turns (or the same time in short turns)
+    assert plan["parts_s"]["shapes"] > 30 * 6 * 2 * args.hold_s
+
+
+def test_host_bound_steps_take_short_turns_in_the_same_time():
+    args = sweep.apply_defaults(sweep.parse_args(["--estimate"]))
+    small = [s for s in GRID if sweep.host_bound(s)]
+    big = [s for s in GRID if not sweep.host_bound(s)]
+    # the A/A runs' shapes (SHORT_TURN_S) are host-bound; 1 ms of GPU work is not
+    assert {(s.tokens, s.d, s.act) for s in small} >= {
+        (512, 1024, "swiglu"), (4096, 1024, "gelu_tanh_approx"), (2048, 2048, "swiglu")}
+    assert all(s.flops / sweep.STEP_RATE > 0.9e-3 for s in big if s.tokens == 8192)
+    assert big and all(s.flops > max(x.flops for x in small) for s in big)
+    for s in big:
+        assert sweep.turns(s, args) == (args.hold_s, args.rounds)
+    for s in small:
+        hold_s, rounds = sweep.turns(s, args)
+        assert hold_s == sweep.SHORT_TURN_S
+        assert hold_s * rounds == pytest.approx(args.hold_s * args.rounds)
+    # off, or with turns no longer than the short ones, every shape takes --hold-s turns
+    for flags in (["--estimate", "--short-turns-s", "0"], ["--estimate", "--hold-s", "0.05"],
+                  ["--dry-run"]):
+        args = sweep.apply_defaults(sweep.parse_args(flags))
+        assert {sweep.turns(s, args) for s in GRID} == {(args.hold_s, args.rounds)}
+
+
+def test_a_row_times_in_its_own_turns_and_restores_the_context(monkeypatch):
+    seen = []
+
+    def fake_bench_mlp(ctx, act, h, names, extra):
+        seen.append((ctx.hold_s, ctx.rounds))
+        return {"variants": {"eager": {"ms": 1.0}}}
+
+    monkeypatch.setattr(sweep, "bench_mlp", fake_bench_mlp)
+    ctx = SimpleNamespace(hold_s=0.8, rounds=2, tokens=0, d_model=0, device=None,
+                                backend="torch")
+    monkeypatch.setattr(sweep, "takes_small_step", lambda ctx, shape: False)
+    row = sweep.sweep_row(ctx, GRID[0], ["eager"], False, (0.05, 32))
+    assert seen == [(0.05, 32)] and row["turns"] == {"hold_s": 0.05, "rounds": 32}
+    assert (ctx.hold_s, ctx.rounds) == (0.8, 2)
+    row = sweep.sweep_row(ctx, GRID[0], ["eager"], False, (0.8, 2))
+    assert seen[-1] == (0.8, 2) and "turns" not in row
+
+
+def test_the_report_states_the_timings_spread_and_the_short_turns():
+    rows = [{"label": f"s{i}", "variants": {"eager": {"ms": 1.0}, "ours": {"ms": 0.9},
+                                           "eager_copy": {"ms": ms}}}
+            for i, ms in enumerate((0.95, 1.04))]
+    rows[0]["turns"] = {"hold_s": 0.05, "rounds": 32}
+    text = sweep_report.format_sweep({"meta": {"hold_s": 0.8, "rounds": 2}, "rows": rows})
+    # eager's time over its copy's: 1/0.95 and 1/1.04, worst and best
+    assert "eager vs a second copy of itself (the timing's spread): geomean" in text
+    assert "worst 0.962x (s1)" in text and "best 1.053x (s0)" in text
+    assert "host-bound steps (less GPU work than the host's launches): 0.05 s x 32 turns" in text
+    assert "eager, a second copy" in text  # its own line in the table
 
 
 def test_quick_is_about_two_minutes():
@@ -106,17 +159,20 @@ def test_quick_is_about_two_minutes():
 def test_estimate_prints_the_plan(capsys):
     assert sweep.main(["--estimate", "--quick"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"plan: {len(QUICK)} shapes x 5 variants")
+    assert out.startswith(f"plan: {len(QUICK)} shapes x 6 variants")
     assert "estimate: ~" in out and QUICK[0].label in out
 
 
 def test_variants_follow_the_flags():
     args = sweep.parse_args(["--skip-compile", "--no-quack"])
+    assert sweep.variants(args) == ["eager", "ours", "ours_recompute", "eager_copy"]
+    args = sweep.parse_args(["--skip-compile", "--no-quack", "--no-eager-copy"])
     assert sweep.variants(args) == ["eager", "ours", "ours_recompute"]
 
 
 def test_torch_backend_and_tokens_flags():
-    args = sweep.parse_args(["--torch-backend", "--no-quack", "--tokens", "2048,512"])
+    args = sweep.parse_args(["--torch-backend", "--no-quack", "--no-eager-copy",
+                             "--tokens", "2048,512"])
     assert sweep.variants(args) == ["eager", "ours", "ours_recompute", "torch_backend", "compile"]
     assert {s.tokens for s in sweep.grid(args)} == {512, 2048}
     assert sweep.grid(args) == tuple(s for s in GRID if s.tokens in (512, 2048))
@@ -128,7 +184,8 @@ def test_torch_backend_and_tokens_flags():
 
 
 def test_graphed_flag_adds_both_graphed_variants_and_their_capture_time():
-    args = sweep.parse_args(["--graphed", "--torch-backend", "--no-quack", "--skip-compile"])
+    args = sweep.parse_args(["--graphed", "--torch-backend", "--no-quack", "--skip-compile",
+                             "--no-eager-copy"])
     assert sweep.variants(args) == ["eager", "ours", "ours_recompute", "torch_backend",
                                     "eager_graphed", "ours_graphed"]
     args = sweep.apply_defaults(args)

@@ -40,6 +40,9 @@
 #     small_step_variants  tools/small_step_variants.py: ways to spell the gated small step in
 #                    autograd ops, held and graphed beside eager, at the sweep's gated small steps
 #                    (~1 min)
+#     timing_spread  tools/timing_spread.py: eager against a second copy of itself and ours at three
+#                    host-bound shapes, held in turns of 0.8, 0.2 and 0.05 s for the same time,
+#                    three repeats (~2.5 min)
 #     host_step      where a host-bound step's time goes, at four small-step shapes of the sweep:
 #                    ours (fused, auto), ours on the torch backend, the small step's ops without
 #                    the layer, and eager, with autograd's device threads on and off (~4 min)
@@ -73,6 +76,7 @@ declare -A CMD=(
   [tp_sp]="timeout 480 python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m parallel_mlp.bench tp --sequence-parallel --configs swiglu:28672,swiglu:14336,gelu_tanh_approx:32768 --json $OUT/tp-sp.json"
   [profile]="timeout 200 $BENCH profile && timeout 150 $BENCH profile --h 7168 && timeout 60 $BENCH host"
   [small_step_variants]="timeout 200 python3 tools/small_step_variants.py"
+  [timing_spread]="timeout 240 python3 tools/timing_spread.py"
   [host_step]="for s in 512,1024,2816,swiglu 512,1024,512,gelu_tanh_approx 4096,1024,4096,gelu_tanh_approx 512,8192,2752,swiglu; do timeout 150 $BENCH host --step --calls 200 --shape \$s; done"
   [cold]="timeout 120 $BENCH cold --json $OUT/cold.json"
   [clock]="timeout 120 python3 tools/clock_probe.py --h 7168 && timeout 150 python3 tools/clock_probe.py --h 14336"

@@ -63,6 +63,8 @@ def mlp_builders(ctx: Ctx, act: str, h: int, w1: torch.Tensor, w2: torch.Tensor)
 
     return {
         "eager": eager,
+        # eager again, timed beside the first: the spread of the timing itself at this shape
+        "eager_copy": eager,
         "ours": ours,
         "eager_graphed": lambda: graphed(eager),
         "ours_graphed": lambda: graphed(ours),

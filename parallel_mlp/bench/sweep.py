@@ -59,7 +59,7 @@ from .sweep_grid import DRY_RUN, GRID, QUICK, Shape
 from .timing import HOLD_QUEUE
 
 # The variants, in the order they are built and timed; eager first, the others' reference.
-VARIANTS = ("eager", "ours", "ours_recompute", "compile", "quack")
+VARIANTS = ("eager", "ours", "ours_recompute", "compile", "quack", "eager_copy")
 # Turns: the single-GPU bench holds 1 s x 3 (timing.DEFAULT_HOLD_S: the card's clock seems to
 # swing with a period near a second; three turns of one kernel held 0.5 s each spread up to 6%,
 # held 1 s 0.6%). 30 shapes x 5 variants at that would take 450 s of holds alone; two turns of
@@ -67,6 +67,14 @@ VARIANTS = ("eager", "ours", "ours_recompute", "compile", "quack")
 DEFAULT_HOLD_S = 0.8
 DEFAULT_ROUNDS = 2
 QUICK_HOLD_S = 0.5       # --quick: shorter turns still, which sample the swing (a few %)
+# Steps whose GPU work is shorter than the host's launching of it (host_bound) take the host's
+# time, and the H200 host's speed wanders by tens of % over seconds: eager against a second
+# copy of itself, held
+# 0.8 s x 2, measured 0.89-1.11x at such shapes; in turns of 0.05 s x 32 (the same time)
+# 0.95-1.05x (H200, 2026-12-02, `tools/timing_spread.py`: three repeats at T=512 d=1024
+# swiglu, T=4096 d=1024 gelu and T=2048 d=2048 swiglu). Their GPUs idle between launches, far from the power cap that the
+# long turns are for. So those steps run in short turns, as many as fill the same time.
+SHORT_TURN_S = 0.05
 DEFAULT_BUDGET_S = 500.0  # a device call may run 600 s; leave time for the report and margin
 WATCHDOG_MARGIN_S = 60.0
 # Outputs or gradients further than this from eager's (relative: y, dx, dW1 or dW2) mark the
@@ -79,17 +87,22 @@ ERR_KEYS = ("rel_err_y", "rel_err_dx", "rel_err_dw1", "rel_err_dw2")
 # serially (kernels/NOTES.md); a spawned pool's workers first import the DSL. torch.compile:
 # its first graph of a process pays for inductor's start; later ones took 1.4-1.7 s at the
 # single-GPU bench's shapes (measured 2026-11-30, `python -m parallel_mlp.bench`). quack's
-# compile of its untuned kernels, one child process per activation, is not measured yet: a guess.
+# compile of its untuned kernels, one child process per activation: 20 s each, side by side
+# (the sweep of 2026-12-02, its JSON's compile_ahead).
 STARTUP_S = 15.0
 POOL_START_S = 10.0
 KERNEL_S = 1.3
-QUACK_WARM_S = 60.0
+QUACK_WARM_S = 25.0
 FIRST_COMPILE_S = 15.0
 COMPILE_S = 3.0
 SHAPE_SETUP_S = 1.0      # weights and inputs drawn, outputs checked
 GRAPH_CAPTURE_S = 1.0    # a graphed variant's three warmup steps and two captures (a guess)
 STEP_RATE = 450e12       # FLOP/s of a step, below every variant's at large shapes
 STEP_FLOOR_S = 0.4e-3    # a step's launches and host time at small shapes
+# The host's time for one eager fwd+bwd of the MLP on the H200's host: 0.2 ms on a fast one, up
+# to 0.7 ms on a slow one (T=512 d=1024 swiglu, 2026-12-02, `tools/small_step_variants.py` and
+# the A/A runs behind SHORT_TURN_S, two machines of the same kind).
+HOST_STEP_S = 0.5e-3
 REPORT_S = 5.0
 
 
@@ -107,6 +120,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                         f"{DEFAULT_HOLD_S:g}, --quick {QUICK_HOLD_S:g}; 0: call by call)")
     p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
                    help="held timing: turns per variant")
+    p.add_argument("--short-turns-s", type=float, default=SHORT_TURN_S,
+                   help="turn length for host-bound steps (GPU work under "
+                        f"{HOST_STEP_S * 1e3:g} ms at {STEP_RATE / 1e12:g} TFLOP/s), as many "
+                        "turns as fill --hold-s x --rounds (0: all shapes take --hold-s turns)")
+    p.add_argument("--no-eager-copy", action="store_true",
+                   help="no second copy of eager (timed beside the first, it shows the timing's "
+                        "own spread at each shape)")
     p.add_argument("--warmup", type=int, default=3, help="untimed calls of each variant first")
     p.add_argument("--iters", type=int, default=10, help="timed calls when --hold-s is 0")
     p.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
@@ -176,6 +196,7 @@ def grid(args: argparse.Namespace) -> tuple[Shape, ...]:
 def variants(args: argparse.Namespace) -> list[str]:
     skip = {"compile"} if args.skip_compile else set()
     skip |= {"quack"} if args.no_quack else set()
+    skip |= {"eager_copy"} if args.no_eager_copy else set()
     names = [v for v in VARIANTS if v not in skip]
     if args.torch_backend and args.backend != "torch":  # with --backend torch, ours is it
         names.insert(names.index("ours_recompute") + 1, "torch_backend")
@@ -192,13 +213,28 @@ def step_s(shape: Shape) -> float:
     return shape.flops / STEP_RATE + STEP_FLOOR_S
 
 
+def host_bound(shape: Shape) -> bool:
+    """Whether the step's GPU work (at STEP_RATE) is shorter than the host's time to launch it,
+    HOST_STEP_S: the step then takes the host's time."""
+    return shape.flops / STEP_RATE < HOST_STEP_S
+
+
+def turns(shape: Shape, args: argparse.Namespace) -> tuple[float, int]:
+    """(seconds per turn, turns) of each variant at this shape: --hold-s x --rounds, or for a
+    host-bound step the same time in turns of --short-turns-s (SHORT_TURN_S says why)."""
+    short = args.short_turns_s
+    if args.hold_s <= 0 or short <= 0 or short >= args.hold_s or not host_bound(shape):
+        return args.hold_s, args.rounds
+    return short, max(args.rounds, round(args.hold_s * args.rounds / short))
+
+
 def shape_s(shape: Shape, names, args: argparse.Namespace) -> float:
     """Seconds one shape takes: per variant its untimed calls, first step and two steps of peak
     memory, then its turns (each runs past its time by the steps queued, HOLD_QUEUE) or its
     timed calls; torch.compile's compile on top."""
     step = step_s(shape)
-    timed = (args.rounds * (args.hold_s + HOLD_QUEUE * step) if args.hold_s > 0
-             else args.iters * step)
+    hold_s, rounds = turns(shape, args)
+    timed = rounds * (hold_s + HOLD_QUEUE * step) if hold_s > 0 else args.iters * step
     per_variant = (args.warmup + 3) * step + timed
     graphs = GRAPH_CAPTURE_S * sum(name.endswith("_graphed") for name in names)
     return (SHAPE_SETUP_S + len(names) * per_variant + graphs
@@ -240,6 +276,11 @@ def plan_lines(shapes, names, args, plan: dict) -> list[str]:
     p = plan["parts_s"]
     timing = (f"held {args.hold_s:g} s x {args.rounds} turns per variant" if args.hold_s > 0
               else f"call by call, {args.iters} calls per variant")
+    short = {turns(s, args) for s in shapes} - {(args.hold_s, args.rounds)}
+    if short:
+        (hold_s, rounds), = short
+        timing += (f" ({sum(turns(s, args) != (args.hold_s, args.rounds) for s in shapes)} "
+                   f"host-bound shapes: {hold_s:g} s x {rounds})")
     return [f"plan: {len(shapes)} shapes x {len(names)} variants ({', '.join(names)}), {timing}",
             f"estimate: ~{plan['total_s']:.0f} s = startup {p['startup']:.0f} + compile ahead "
             f"{p['compile_ahead']:.0f} ({plan['kernels']} kernels of ours) + shapes "
@@ -267,7 +308,7 @@ def compile_ahead(shapes, args, warm_ours: bool, warm_quack: bool, num_sms: int)
             f"{out['ours']['seconds']:.0f} s")
     for act, (child, output) in children.items():
         try:
-            ok = child.wait(timeout=max(30.0, 2 * QUACK_WARM_S - (time.monotonic() - t0))) == 0
+            ok = child.wait(timeout=max(60.0, 2 * QUACK_WARM_S - (time.monotonic() - t0))) == 0
         except subprocess.TimeoutExpired:
             child.kill()
             child.wait()
@@ -313,10 +354,20 @@ def takes_small_step(ctx: Ctx, shape: Shape) -> bool:
                               fuse_grad_accum=False, compiling=False)
 
 
-def sweep_row(ctx: Ctx, shape: Shape, names, quack_tuned: bool) -> dict:
+def sweep_row(ctx: Ctx, shape: Shape, names, quack_tuned: bool,
+              hold: tuple[float, int] | None = None) -> dict:
     """One shape: bench_mlp's variants with quack beside them, plus every variant's ratio to
     quack and a flag where one disagrees with eager. Where ours takes the small step, the fused
-    kernels are timed beside it, so the row shows the rule's choice against the other path."""
+    kernels are timed beside it, so the row shows the rule's choice against the other path.
+    ``hold``: (seconds per turn, turns) for this shape, instead of ctx's."""
+    if hold is not None and hold != (ctx.hold_s, ctx.rounds):
+        saved = ctx.hold_s, ctx.rounds
+        ctx.hold_s, ctx.rounds = hold
+        try:
+            return sweep_row(ctx, shape, names, quack_tuned) | {
+                "turns": {"hold_s": hold[0], "rounds": hold[1]}}
+        finally:
+            ctx.hold_s, ctx.rounds = saved
     ctx.tokens, ctx.d_model = shape.tokens, shape.d
     small = takes_small_step(ctx, shape)
     if small and "ours" in names:
@@ -376,7 +427,7 @@ def run(args: argparse.Namespace) -> dict:
         torch.autograd.set_multithreading_enabled(False)  # for the whole run, every variant
     meta = environment(ctx) | {
         "mode": "sweep", "autograd_threads": not args.no_autograd_threads, "dtype": args.dtype,
-        "hold_s": args.hold_s, "rounds": args.rounds,
+        "hold_s": args.hold_s, "rounds": args.rounds, "short_turns_s": args.short_turns_s,
         "warmup": args.warmup, "iters": args.iters, "dry_run": args.dry_run,
         "quick": args.quick, "variants": names, "budget_s": args.budget_s, "estimate": plan,
         "backend_note": getattr(args, "backend_note", None),
@@ -409,7 +460,7 @@ def run(args: argparse.Namespace) -> dict:
             row["skipped"] = f"over the time budget ({args.budget_s - elapsed:.0f} s left)"
         else:
             row |= attempt(ctx, f"sweep {shape.label}", sweep_row, ctx, shape, names,
-                           args.quack_tuned)
+                           args.quack_tuned, turns(shape, args))
         results["rows"].append(row)
         save()
         free_memory(ctx)

@@ -13,7 +13,7 @@ VARIANT_NAMES = {"ours": "ours", "ours_fused": "ours, fused kernels",
                  "ours_recompute": "ours recompute", "eager": "eager",
                  "compile": "torch.compile", "quack": "quack",
                  "torch_backend": "ours, torch backend", "eager_graphed": "eager, CUDA graph",
-                 "ours_graphed": "ours, CUDA graph"}
+                 "ours_graphed": "ours, CUDA graph", "eager_copy": "eager, a second copy"}
 # Against whom ours' summary and heat maps compare it: (variant, key of ours' ratio, label).
 BASELINES = (("eager", "speedup_vs_eager", "eager"), ("compile", None, "torch.compile"),
              ("quack", "speedup_vs_quack", "quack"))
@@ -34,6 +34,12 @@ def ours_over(row: dict, baseline: str, variant: str = "ours") -> float | None:
 def _header(results: dict) -> list[str]:
     meta = results.get("meta", {})
     lines = run_lines(meta, "parallel_mlp.bench sweep") + [timing_line(meta)]
+    short = sorted({(t["hold_s"], t["rounds"]) for r in results.get("rows", [])
+                    if isinstance(t := r.get("turns"), dict)})
+    if short:
+        lines.append("  host-bound steps (less GPU work than the host's launches): " + "; ".join(
+            f"{h:g} s x {n} turns" for h, n in short) + " in the same time (the host's speed "
+            "wanders over seconds)")
     if meta.get("autograd_threads") is False:
         lines.append("autograd device threads off: every backward ran on the calling thread "
                      "(torch.autograd.set_multithreading_enabled(False))")
@@ -98,7 +104,7 @@ def summary(results: dict) -> list[str]:
     for name, _, label in BASELINES:
         pairs = [(x, r["label"]) for r in rows if (x := ours_over(r, name)) is not None]
         lines.append(f"  vs {label:14s} {_spread(pairs) if pairs else '-'}")
-    lines += small_steps(rows) + backend_choice(rows) + graphed(rows)
+    lines += noise(rows) + small_steps(rows) + backend_choice(rows) + graphed(rows)
     rec = [r["recompute_ratio"] for r in rows if r.get("recompute_ratio")]
     if rec:
         lines.append(f"  recompute / default time: geomean {geomean(rec):.3f}, "
@@ -118,6 +124,15 @@ def _against(rows: list[dict], variant: str, lead: str, other: str) -> list[str]
     slower = [f"{label} ({x:.3f}x)" for x, label in sorted(pairs) if x < 1.0]
     return [f"  {lead}: geomean {geomean([x for x, _ in pairs]):.3f}x over {len(pairs)} shapes; "
             f"{other} faster at {len(slower)}" + (": " + ", ".join(slower) if slower else "")]
+
+
+def noise(rows: list[dict]) -> list[str]:
+    """eager against a second copy of itself, timed in the same turns: how far two runs of the
+    same step scatter at each shape, the margin within which ours' ratios are ties."""
+    pairs = [(x, r["label"]) for r in rows if (x := ours_over(r, "eager", "eager_copy")) is not None]
+    if not pairs:
+        return []
+    return [f"  eager vs a second copy of itself (the timing's spread): {_spread(pairs)}"]
 
 
 def backend_choice(rows: list[dict]) -> list[str]:
