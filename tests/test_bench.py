@@ -212,9 +212,10 @@ def test_time_held_runs_each_fn_in_holds():
     fast = clock.call_taking(2 ** -10, order, "fast")  # 0.9765625 ms: 128 calls a turn
 
     out = harness.time_side_by_side(ctx, {"slow": slow, "fast": fast})
-    # warm-up: one call of each; then two turns each, every turn a run of one fn's calls
+    # warm-up: one call of each; then two turns each, every turn a run of one fn's calls, the
+    # second round in reverse order (so fast's two turns run back to back)
     turns = [order[0]] + [b for a, b in zip(order, order[1:]) if a != b]
-    assert turns == ["slow", "fast"] * 3
+    assert turns == ["slow", "fast", "slow", "fast", "slow"]
     assert order.count("slow") == 1 + 2 * 8 and order.count("fast") == 1 + 2 * 128
     for name, ms, calls in (("slow", 1000 * 2 ** -6, 8), ("fast", 1000 * 2 ** -10, 128)):
         res = out[name]
@@ -222,6 +223,27 @@ def test_time_held_runs_each_fn_in_holds():
         assert res["hold_s"] == 2 ** -3 and res["rounds"] == 2
         # the first quarter of every turn (the clock settling) is left out of the count
         assert res["iters"] == 2 * (calls - calls // 4)
+
+
+def test_held_turns_reverse_every_round_so_each_fns_mean_place_is_the_same():
+    from parallel_mlp.bench import harness
+    from parallel_mlp.bench.timing import turn_order
+
+    assert turn_order(3, 0) == [0, 1, 2] and turn_order(3, 1) == [2, 1, 0]
+    assert turn_order(3, 2) == [0, 1, 2] and turn_order(1, 1) == [0]
+    clock = FakeClock()
+    ctx = cpu_ctx(iters=3, warmup=0, clock=clock)
+    ctx.hold_s, ctx.rounds = 2 ** -6, 4
+    order = []
+    fns = {n: clock.call_taking(2 ** -8, order, n) for n in "abc"}
+    harness.time_side_by_side(ctx, fns)
+    turns = [order[0]] + [b for a, b in zip(order, order[1:]) if a != b]
+    assert turns == list("abcbabcb") + ["a"]  # a b c | c b a | a b c | c b a, runs merged
+    places = {n: [] for n in "abc"}
+    for r in range(ctx.rounds):
+        for place, k in enumerate(turn_order(3, r)):
+            places["abc"[k]].append(place)
+    assert len({sum(p) for p in places.values()}) == 1
 
 
 @pytest.mark.parametrize("argv,message", [(["--hold-s", "-1"], "--hold-s -1: must be >= 0"),

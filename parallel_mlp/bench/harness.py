@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from ..backends import resolve
-from .timing import Clock, hold, settled
+from .timing import Clock, hold, settled, turn_order
 
 _START = time.monotonic()
 
@@ -165,7 +165,8 @@ def time_side_by_side(ctx: Ctx, fns: dict[str, Callable], n_sets: int = 1) -> di
 
 def time_held(ctx: Ctx, fns: dict[str, Callable], n_sets: int = 1) -> dict[str, dict]:
     """Time each fn held, as training runs it: ctx.warmup untimed calls of each, then ctx.rounds
-    rounds in which each fn in turn runs back to back for ctx.hold_s seconds (input sets cycling).
+    rounds in which each fn in turn runs back to back for ctx.hold_s seconds (input sets cycling;
+    the order reverses every round, timing.turn_order).
     A hold's time is the median of its settled calls (timing.settled); a fn's ``ms`` is
     the median of its holds, ``min_ms`` / ``max_ms`` the extremes of its holds' medians, and
     ``iters`` the calls timed. Returns the same keys as the call-by-call timing, plus ``hold_s``
@@ -176,8 +177,10 @@ def time_held(ctx: Ctx, fns: dict[str, Callable], n_sets: int = 1) -> dict[str, 
     ctx.sync()
     holds = {name: [] for name in fns}
     counted = {name: 0 for name in fns}
-    for _ in range(ctx.rounds):
-        for name, fn in fns.items():
+    names = list(fns)
+    for r in range(ctx.rounds):
+        for name in (names[k] for k in turn_order(len(names), r)):
+            fn = fns[name]
             kept = settled(hold(lambda i, fn=fn: fn(i % n_sets), ctx.hold_s, ctx.cuda, ctx.clock))
             holds[name].append(statistics.median(kept))
             counted[name] += len(kept)

@@ -38,6 +38,18 @@ HOLD_SETTLE = 0.25
 DEFAULT_HOLD_S = 1.0
 
 
+def turn_order(n: int, round_index: int) -> list[int]:
+    """The order in which ``n`` held variants take their turns in round ``round_index``: forward
+    in even rounds, reversed in odd ones (A B C, C B A, ...), so that every variant's mean place
+    in the rounds is the same. In one order, a drift through the rounds lands on the variants by
+    their place: eager against a second copy of itself, first and last in each round, read
+    0.98-0.99x at 23 of the sweep's 30 shapes (geometric mean 0.983x; H200, 2026-12-02, `bench
+    sweep`), where a timing without bias by place reads 1. With two rounds reversed, a drift
+    linear in time adds the same to every variant's mean."""
+    order = list(range(n))
+    return order if round_index % 2 == 0 else order[::-1]
+
+
 def hold(fn: Callable[[int], object], seconds: float, cuda: bool = True,
          clock: Clock = time.perf_counter) -> list[float]:
     """Call ``fn(i)``, i = 0, 1, ..., back to back until ``seconds`` have passed on ``clock``
@@ -87,17 +99,17 @@ def median_ms_held(fns, hold_s=None, rounds=3, warmup=1):
     """Median times (ms) of several zero-argument CUDA functions, each held: run back to back for
     `hold_s` in turn, for `rounds` turns. Each then runs at the clock its own power draw allows,
     as in training, where median_ms_interleaved gives them one shared clock and so compares
-    cycles. A function's time is the median over its turns of each turn's median. `hold_s`
-    defaults to DEFAULT_HOLD_S."""
+    cycles. A function's time is the median over its turns of each turn's median; the turns'
+    order reverses every round (turn_order). `hold_s` defaults to DEFAULT_HOLD_S."""
     hold_s = DEFAULT_HOLD_S if hold_s is None else hold_s
     for _ in range(warmup):
         for fn in fns:
             fn()
     torch.cuda.synchronize()
     turns = [[] for _ in fns]
-    for _ in range(rounds):
-        for fn, out in zip(fns, turns):
-            out.append(statistics.median(settled(hold(lambda i, fn=fn: fn(), hold_s))))
+    for r in range(rounds):
+        for k in turn_order(len(fns), r):
+            turns[k].append(statistics.median(settled(hold(lambda i, fn=fns[k]: fn(), hold_s))))
     return [statistics.median(t) for t in turns]
 
 
