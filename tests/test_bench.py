@@ -323,3 +323,21 @@ def test_weight_grads_read_every_variant_in_our_layout(act):
 
     assert weight_grads(Wrapped(eager), gated)[1] is eager.w2.grad
     assert weight_grads(torch.nn.Linear(2, 2), gated) is None
+
+
+def test_train_step_clears_every_parameters_grad_each_step():
+    """train_step clears grads as an optimizer does, over a list made at the first step: a
+    second step's gradients are that step's alone, in a nested module too (ParallelMLP's
+    weights sit in its fc1 and fc2)."""
+    from parallel_mlp.bench.models import build_parallel_mlp, parameter_list, train_step
+
+    torch.manual_seed(0)
+    w1, w2 = torch.randn(2 * 24, 16), torch.randn(16, 24)
+    model = build_parallel_mlp(w1, w2, "swiglu", 24)
+    x, dy = torch.randn(5, 16, requires_grad=True), torch.randn(5, 16)
+    train_step(model, x, dy)
+    first = [p.grad.clone() for p in model.parameters()] + [x.grad.clone()]
+    train_step(model, x, dy)
+    second = [p.grad for p in model.parameters()] + [x.grad]
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    assert {id(p) for p in parameter_list(model)} == {id(model.fc1.weight), id(model.fc2.weight)}
