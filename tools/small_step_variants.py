@@ -79,6 +79,31 @@ class SwigluFc2Recomputed(torch.autograd.Function):
         return torch.ops.aten.silu_backward(dpost * u, g), dpost * a, dw2
 
 
+class SwigluLeanBackward(torch.autograd.Function):
+    """silu(g) * u keeping g and u alone, its backward in place where it can: silu(g) recomputed
+    into du's buffer, dg computed in dpost * u's. The gated small step's peak is its backward's
+    (autograd's du, da and dg alive with g, u and silu(g)); on the CPU, at T=2048 d=256 h=704
+    (8 rows per feature, as T=8192 d=1024), the profiler's allocations peaked at 5.1 T x h
+    elements against eager's 6.5 (quack's measured on the H200: 5.9 of eager's 6.9)."""
+
+    @staticmethod
+    def forward(ctx, g, u):
+        ctx.save_for_backward(g, u)
+        return F.silu(g).mul_(u)
+
+    @staticmethod
+    def backward(ctx, dpost):
+        g, u = ctx.saved_tensors
+        du = F.silu(g).mul_(dpost)
+        dg = torch.mul(dpost, u)
+        torch.ops.aten.silu_backward.grad_input(dg, g, grad_input=dg)
+        return dg, du
+
+
+def lean_backward(g, u, w2):
+    return F.linear(SwigluLeanBackward.apply(g, u), w2)
+
+
 def keeping_halves(g, u, w2):
     return F.linear(SwigluKeepingHalves.apply(g, u), w2)
 
@@ -133,6 +158,31 @@ class SwigluFc2Recomputed(torch.autograd.Function):
         dpost = dy @ w2
         dw2 = dy.flatten(0, -2).T @ (a * u).flatten(0, -2)
         return torch.ops.aten.silu_backward(dpost * u, g), dpost * a, dw2
+
+
+class SwigluLeanBackward(torch.autograd.Function):
+    """silu(g) * u keeping g and u alone, its backward in place where it can: silu(g) recomputed
+    into du's buffer, dg computed in dpost * u's. The gated small step's peak is its backward's
+    (autograd's du, da and dg alive with g, u and silu(g)); on the CPU, at T=2048 d=256 h=704
+    (8 rows per feature, as T=8192 d=1024), the profiler's allocations peaked at 5.1 T x h
+    elements against eager's 6.5 (quack's measured on the H200: 5.9 of eager's 6.9)."""
+
+    @staticmethod
+    def forward(ctx, g, u):
+        ctx.save_for_backward(g, u)
+        return F.silu(g).mul_(u)
+
+    @staticmethod
+    def backward(ctx, dpost):
+        g, u = ctx.saved_tensors
+        du = F.silu(g).mul_(dpost)
+        dg = torch.mul(dpost, u)
+        torch.ops.aten.silu_backward.grad_input(dg, g, grad_input=dg)
+        return dg, du
+
+
+def lean_backward(g, u, w2):
+    return F.linear(SwigluLeanBackward.apply(g, u), w2)
 
 
 def keeping_halves(g, u, w2):
@@ -204,6 +254,9 @@ def main() -> int:
                                                       SwigluFc2Recomputed.apply),
             "pairs in place, keeping g and u": Spelled(w1, w2, gate_and_up_in_place,
                                                        keeping_halves),
+            "two GEMMs, lean backward": Spelled(w1, w2, gate_and_up_by_two_gemms, lean_backward),
+            "pairs in place, lean backward": Spelled(w1, w2, gate_and_up_in_place,
+                                                     lean_backward),
             "eager, a second copy": EagerMLP(chunked_w1(w1, True), w2.clone(), "swiglu"),
         }
         if args.with_baselines:
