@@ -7,9 +7,12 @@ activation splits them decides the backward's kernels: unbind's backward is a st
 interleaved layout (one copy kernel storing 2-byte elements at a 4-byte stride), where eager's
 chunk of contiguous halves is a cat. The layer's small step (small_step.py) picks between its
 gate_and_up_in_place and gate_and_up_by_two_gemms, timed here as they are, by rows per input
-feature. Each spelling computes the same
-MLP; each is timed held (as the sweep times) and as a CUDA graph (its kernels alone, no host),
-at the sweep's gated small-step shapes, with its gradients checked against eager's.
+feature. Beside them: other ways to split (a transposed unbind, a W1 copy in halves, two GEMMs on
+slices of W1) and gated activations that keep only gate and up for backward (autograd keeps
+silu(g) too), one with its backward in place; and a second copy of eager, whose ratio to eager
+is the run's own spread. Each spelling computes the same MLP; each is timed held (as the sweep
+times) and as a CUDA graph (its kernels alone, no host), at the sweep's gated small-step shapes,
+with its gradients checked against eager's and its step's peak memory beside its time.
 """
 
 from __future__ import annotations
