@@ -42,3 +42,4 @@ def test_the_command_refuses_a_call_count_below_one(capsys):
     with pytest.raises(SystemExit):
         host_stub.main(["--stub", "--calls", "0"])
     assert "--calls must be >= 1, got 0" in capsys.readouterr().err
+

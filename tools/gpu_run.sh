@@ -46,6 +46,9 @@
 #     host_step      where a host-bound step's time goes, at four small-step shapes of the sweep:
 #                    ours (fused, auto), ours on the torch backend, the small step's ops without
 #                    the layer, and eager, with autograd's device threads on and off (~4 min)
+#     host_phases    ours on auto (its small step), the small step's ops alone and eager at two
+#                    host-bound shapes, interleaved rounds, each step's host time split into
+#                    clearing grads, forward and backward, device threads on and off (~2 min)
 #     cold           the cold start alone (a new process to its first fwd+bwd, ours and torch's)
 #     clock          tools/clock_probe.py: ms, SM clock, power and cycles per call (power-bound?)
 #     full           the whole single-GPU bench (GEMMs, fused, MLP, cold start, torch.compile)
@@ -78,6 +81,7 @@ declare -A CMD=(
   [small_step_variants]="timeout 260 python3 tools/small_step_variants.py"
   [timing_spread]="timeout 240 python3 tools/timing_spread.py"
   [host_step]="for s in 512,1024,2816,swiglu 512,1024,512,gelu_tanh_approx 4096,1024,4096,gelu_tanh_approx 512,8192,2752,swiglu; do timeout 150 $BENCH host --step --calls 200 --shape \$s; done"
+  [host_phases]="for s in 512,1024,2816,swiglu 4096,1024,4096,gelu_tanh_approx; do timeout 150 $BENCH host --step --phases --calls 100 --shape \$s; done"
   [cold]="timeout 120 $BENCH cold --json $OUT/cold.json"
   [clock]="timeout 120 python3 tools/clock_probe.py --h 7168 && timeout 150 python3 tools/clock_probe.py --h 14336"
   [full]="timeout 570 $BENCH --budget-s 420 --json $OUT/bench.json --png $OUT/bench.png"

@@ -16,6 +16,12 @@ backward's body, the return to the caller); the same op launched on the main thr
 worker thread; and a cProfile of the backward's body where autograd runs it. Each model's step
 also runs once under ``torch.cuda.set_sync_debug_mode("error")``: a step that waits for the GPU
 would pay the GPU's time on top of the host's, and is named.
+
+``--step --phases`` compares ours on ``auto`` (its small step), the small step's ops without the
+layer, and eager, in interleaved rounds with autograd's device threads on and off: each step's
+host time split into clearing the grads, the forward and the backward (until ``y.backward``
+returns), and a pure-Python loop timed in every round, so that a slow or drifting host shows as
+such. Where a host-bound step of ours loses to eager's, it says in which part.
 """
 
 from __future__ import annotations
@@ -50,6 +56,10 @@ def main(argv=None) -> int:
     p.add_argument("--forward", action="store_true",
                    help="with --step: the forward alone, the models interleaved in rounds, and the "
                         "layer's checks and dispatch one by one (what the layer's Python adds)")
+    p.add_argument("--phases", action="store_true",
+                   help="with --step: ours on auto, the small step's ops alone and eager in "
+                        "interleaved rounds, each step's host time split into clearing grads, "
+                        "forward and backward, device threads on and off")
     p.add_argument("--shape", type=parse_shape, default=STEP_SHAPE, metavar="T,d,h,act",
                    help="--step's shape (default %(default)s)")
     p.add_argument("--stub", action="store_true",
@@ -61,6 +71,8 @@ def main(argv=None) -> int:
     if args.step:
         if args.forward:
             return forward_probe(args.calls, args.shape)
+        if args.phases:
+            return phase_probe(args.calls, args.shape)
         return step_probe(args.calls, args.shape)
 
     from ..kernels import aot_runtime, ops
@@ -222,6 +234,82 @@ def forward_probe(calls: int, shape: tuple[int, int, int, str] = STEP_SHAPE,
           f"calls; {torch.cuda.get_device_name()}")
     for name, ts in times.items():
         print(f"  min {min(ts):8.2f}  median {statistics.median(ts):8.2f}  {name}")
+    return 0
+
+
+PHASES = ("clear grads", "forward", "backward", "step")
+
+
+def step_phases(model: torch.nn.Module, x: torch.Tensor, dy: torch.Tensor, calls: int,
+                clock=time.perf_counter, sync=torch.cuda.synchronize) -> dict[str, float]:
+    """Median host µs of each phase (PHASES) over ``calls`` back-to-back training steps of
+    ``model``, grads cleared as models.train_step clears them; one ``sync`` after the last."""
+    from .models import parameter_list
+
+    params = parameter_list(model)
+    marks = []
+    for _ in range(calls):
+        t0 = clock()
+        for p in params:
+            p.grad = None
+        x.grad = None
+        t1 = clock()
+        y = model(x)
+        t2 = clock()
+        y.backward(dy)
+        marks.append((t0, t1, t2, clock()))
+    sync()
+    spans = [(b - a, c - b, d - c, d - a) for a, b, c, d in marks]
+    return {name: statistics.median(s[k] for s in spans) * 1e6 for k, name in enumerate(PHASES)}
+
+
+def _python_loop_us(n: int = 2000, repeats: int = 20) -> float:
+    """µs of a plain Python loop (the host's own speed, with no torch in it): min of repeats."""
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        s = 0
+        for i in range(n):
+            s += i
+        best = min(best, time.perf_counter() - t)
+    return best * 1e6
+
+
+def phase_probe(calls: int, shape: tuple[int, int, int, str] = STEP_SHAPE,
+                rounds: int = 9, device: str = "cuda") -> int:
+    from ..activations import get_activation
+    from .models import EagerMLP, build_parallel_mlp, chunked_w1, train_step
+
+    T, d, h, act = shape
+    gated = get_activation(act).gated
+    torch.manual_seed(0)
+    w1 = (torch.randn(2 * h if gated else h, d, device=device) * d ** -0.5).to(torch.bfloat16)
+    w2 = (torch.randn(d, h, device=device) * h ** -0.5).to(torch.bfloat16)
+    x = torch.randn(T, d, device=device, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(T, d, device=device, dtype=torch.bfloat16)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    models = {"ours, auto": build_parallel_mlp(w1, w2, act, h, backend="auto"),
+              "the small step's ops alone": _SmallStepOnly(w1, w2, act),
+              "eager": EagerMLP(chunked_w1(w1, gated), w2, act)}
+    for model in models.values():
+        for _ in range(5):
+            train_step(model, x, dy)
+    runs = {(name, threads): [] for name in models for threads in (True, False)}
+    loop = []
+    for _ in range(rounds):
+        loop.append(_python_loop_us())
+        for (name, threads), out in runs.items():
+            with torch.autograd.set_multithreading_enabled(threads):
+                out.append(step_phases(models[name], x, dy, calls, sync=sync))
+    print(f"host µs per fwd+bwd by phase, T={T} d={d} {act} h={h}; {rounds} interleaved rounds "
+          f"of {calls} steps (median within a round; min and median over rounds); "
+          f"{torch.cuda.get_device_name() if device == 'cuda' else device}")
+    print(f"  a 2000-step Python loop: min {min(loop):.1f} µs, median {statistics.median(loop):.1f},"
+          f" max {max(loop):.1f}")
+    for (name, threads), out in runs.items():
+        cells = "  ".join(f"{phase} {min(r[phase] for r in out):6.1f} / "
+                          f"{statistics.median(r[phase] for r in out):6.1f}" for phase in PHASES)
+        print(f"  {name:28s} threads {'on ' if threads else 'off'}  {cells}")
     return 0
 
 
