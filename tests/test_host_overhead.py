@@ -51,3 +51,15 @@ def test_phase_probe_prints_every_model_and_phase(capsys):
     for name in ("ours, auto", "the small step's ops alone", "eager"):
         assert out.count(name) == 2  # device threads on and off
     assert all(out.count(phase) >= 6 for phase in PHASES)
+
+
+def test_the_step_probes_flags_are_refused_apart_from_step(capsys):
+    import pytest
+
+    from parallel_mlp.bench.host_overhead import main
+
+    for argv, message in ((["--phases"], "give them with --step"),
+                          (["--step", "--forward", "--phases"], "give one of them")):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2 and message in capsys.readouterr().err

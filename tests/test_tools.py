@@ -22,7 +22,11 @@ def test_lists_every_step_with_its_command():
     assert r.returncode == 0
     steps = [line.split()[0] for line in r.stdout.splitlines()]
     assert steps == ["tests_kernels", "tests_layer", "tests_all", "streamk", "streamk_fill", "configs_small", "gemm", "mlp", "sweep", "sweep_small", "sweep_graphed",
-                     "tp", "tp_sp", "profile", "small_step_variants", "host_step", "cold", "clock", "full", "ncu"]
+                     "tp", "tp_sp", "profile", "small_step_variants", "timing_spread", "host_step",
+                     "host_phases", "cold", "clock", "full", "ncu"]
+    # every step the script defines is listed (a step missing from the list still ran, unseen)
+    defined = re.findall(r"^  \[(\w+)\]=", SCRIPT.read_text(), flags=re.M)
+    assert sorted(defined) == sorted(steps)
     assert "pytest -q -m gpu tests/kernels" in r.stdout
     commands = dict(line.split(None, 1) for line in r.stdout.splitlines())
     assert "python3 -m parallel_mlp.bench sweep --json" in commands["sweep"]
@@ -115,6 +119,13 @@ def test_clock_probe_needs_a_gpu():
     spec.loader.exec_module(probe)
     with pytest.raises(SystemExit, match="needs a CUDA GPU"):
         probe.main(["--seconds", "0.1"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")
+def test_timing_spread_needs_a_gpu():
+    r = subprocess.run([sys.executable, str(TOOLS / "timing_spread.py")], capture_output=True,
+                       text=True)
+    assert r.returncode != 0 and "needs a CUDA GPU" in r.stderr
 
 
 def test_small_step_variants_spell_the_same_mlp(monkeypatch, capsys):

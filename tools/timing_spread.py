@@ -33,6 +33,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("tools/timing_spread.py needs a CUDA GPU (it times held CUDA steps)")
     records = []
     for T, d, h, act in SHAPES:
         gated = act == "swiglu"

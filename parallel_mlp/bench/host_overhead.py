@@ -66,6 +66,10 @@ def main(argv=None) -> int:
                    help="the same step's host time with the kernels stubbed out, on any machine "
                         "(no GPU; see host_stub.py; --profile adds a cProfile)")
     args = p.parse_args(argv)
+    if (args.forward or args.phases) and not args.step:
+        p.error("--forward and --phases look at a whole step: give them with --step")
+    if args.forward and args.phases:
+        p.error("--forward and --phases are two probes: give one of them")
     if not torch.cuda.is_available():
         raise SystemExit("host needs a CUDA GPU")
     if args.step:
