@@ -505,3 +505,9 @@ def test_dry_run_end_to_end(tmp_path):
         assert "no heat map: matplotlib is not installed" in proc.stderr
     else:
         assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_negative_short_turns_are_refused(capsys):
+    with pytest.raises(SystemExit) as e:
+        sweep.parse_args(["--short-turns-s", "-0.1"])
+    assert e.value.code == 2 and "--short-turns-s -0.1: must be >= 0" in capsys.readouterr().err

@@ -69,11 +69,11 @@ DEFAULT_ROUNDS = 2
 QUICK_HOLD_S = 0.5       # --quick: shorter turns still, which sample the swing (a few %)
 # Steps whose GPU work is shorter than the host's launching of it (host_bound) take the host's
 # time, and the H200 host's speed wanders by tens of % over seconds: eager against a second
-# copy of itself, held
-# 0.8 s x 2, measured 0.89-1.11x at such shapes; in turns of 0.05 s x 32 (the same time)
-# 0.95-1.05x (H200, 2026-12-02, `tools/timing_spread.py`: three repeats at T=512 d=1024
-# swiglu, T=4096 d=1024 gelu and T=2048 d=2048 swiglu). Their GPUs idle between launches, far from the power cap that the
-# long turns are for. So those steps run in short turns, as many as fill the same time.
+# copy of itself, held 0.8 s x 2, measured 0.89-1.11x at such shapes; in turns of 0.05 s x 32
+# (the same time) 0.95-1.05x (H200, 2026-12-02, `tools/timing_spread.py`: three repeats at
+# T=512 d=1024 swiglu, T=4096 d=1024 gelu and T=2048 d=2048 swiglu). Their GPUs idle between
+# launches, far from the power cap that the long turns are for. So those steps run in short
+# turns, as many as fill the same time.
 SHORT_TURN_S = 0.05
 DEFAULT_BUDGET_S = 500.0  # a device call may run 600 s; leave time for the report and margin
 WATCHDOG_MARGIN_S = 60.0
@@ -162,6 +162,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="processes compiling our kernels ahead")
     args = p.parse_args(argv)
     check_timing_flags(p, args)
+    if args.short_turns_s < 0:
+        p.error(f"--short-turns-s {args.short_turns_s:g}: must be >= 0 (0 turns the short "
+                "turns off)")
     if args.tokens is not None:
         try:
             args.tokens = sorted({int(t) for t in args.tokens.split(",")})
@@ -276,11 +279,9 @@ def plan_lines(shapes, names, args, plan: dict) -> list[str]:
     p = plan["parts_s"]
     timing = (f"held {args.hold_s:g} s x {args.rounds} turns per variant" if args.hold_s > 0
               else f"call by call, {args.iters} calls per variant")
-    short = {turns(s, args) for s in shapes} - {(args.hold_s, args.rounds)}
+    short = [t for t in (turns(s, args) for s in shapes) if t != (args.hold_s, args.rounds)]
     if short:
-        (hold_s, rounds), = short
-        timing += (f" ({sum(turns(s, args) != (args.hold_s, args.rounds) for s in shapes)} "
-                   f"host-bound shapes: {hold_s:g} s x {rounds})")
+        timing += f" ({len(short)} host-bound shapes: {short[0][0]:g} s x {short[0][1]})"
     return [f"plan: {len(shapes)} shapes x {len(names)} variants ({', '.join(names)}), {timing}",
             f"estimate: ~{plan['total_s']:.0f} s = startup {p['startup']:.0f} + compile ahead "
             f"{p['compile_ahead']:.0f} ({plan['kernels']} kernels of ours) + shapes "
