@@ -178,6 +178,33 @@ def _glu_eager(g, u):
     return torch.sigmoid(g) * u
 
 
+@dataclass(frozen=True)
+class GateOps:
+    """The gate function of an ``a(g) * u`` activation as torch's fused ops: ``forward(g)`` is
+    a(g), ``backward_into(grad, g)`` overwrites grad with grad * a'(g) (aten's ``*_backward``
+    out variant, which reads the input, not the output). What small_step's lean backward
+    recomputes and differentiates with; tests check both against the formula."""
+
+    forward: Callable
+    backward_into: Callable
+
+
+def _silu_backward_into(grad, g):
+    torch.ops.aten.silu_backward.grad_input(grad, g, grad_input=grad)
+
+
+def _relu_backward_into(grad, g):
+    torch.ops.aten.threshold_backward.grad_input(grad, g, 0, grad_input=grad)
+
+
+def _gelu_tanh_backward_into(grad, g):
+    torch.ops.aten.gelu_backward.grad_input(grad, g, approximate="tanh", grad_input=grad)
+
+
+def _gelu_backward_into(grad, g):
+    torch.ops.aten.gelu_backward.grad_input(grad, g, grad_input=grad)
+
+
 def interleaved_pairs(preact: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(gate, up) of an interleaved gated pre-activation ``[..., 2h]``, as two strided views of
     one ``[..., h, 2]`` view: no copy, and autograd's backward through them is a single stack."""
@@ -195,7 +222,8 @@ class Activation:
 
     ``fn``/``grad`` take ``(x, m)`` when non-gated and ``(g, u, m)`` when gated; ``grad`` of a gated
     activation returns ``(df/dg, df/du)``. ``eager``, when given, is torch's fused spelling of
-    ``fn`` (``(x)`` or ``(g, u)``, no namespace); see :meth:`autograd_forward`.
+    ``fn`` (``(x)`` or ``(g, u)``, no namespace); see :meth:`autograd_forward`. ``gate``, for a
+    gated activation of the form ``a(g) * u``, is a(g)'s fused ops (:class:`GateOps`).
     """
 
     name: str
@@ -203,6 +231,7 @@ class Activation:
     fn: Callable
     grad: Callable
     eager: Callable | None = None
+    gate: GateOps | None = None
 
     def autograd_forward(self, preact: torch.Tensor) -> torch.Tensor:
         """postact = act(preact) in preact's dtype, as torch ops that autograd differentiates
@@ -256,11 +285,15 @@ ACTIVATIONS: dict[str, Activation] = {
         Activation("gelu", False, gelu, gelu_grad, F.gelu),
         Activation("relu", False, relu, relu_grad, F.relu),
         Activation("relu_sq", False, relu_sq, relu_sq_grad, _relu_sq_eager),
-        Activation("swiglu", True, swiglu, swiglu_grad, _swiglu_eager),
+        Activation("swiglu", True, swiglu, swiglu_grad, _swiglu_eager,
+                   GateOps(F.silu, _silu_backward_into)),
         Activation("swiglu_oai", True, swiglu_oai, swiglu_oai_grad),
-        Activation("reglu", True, reglu, reglu_grad, _reglu_eager),
-        Activation("geglu", True, geglu, geglu_grad, _geglu_eager),
-        Activation("geglu_erf", True, geglu_erf, geglu_erf_grad, _geglu_erf_eager),
+        Activation("reglu", True, reglu, reglu_grad, _reglu_eager,
+                   GateOps(F.relu, _relu_backward_into)),
+        Activation("geglu", True, geglu, geglu_grad, _geglu_eager,
+                   GateOps(_gelu_tanh_approx_eager, _gelu_tanh_backward_into)),
+        Activation("geglu_erf", True, geglu_erf, geglu_erf_grad, _geglu_erf_eager,
+                   GateOps(F.gelu, _gelu_backward_into)),
         Activation("glu", True, glu, glu_grad, _glu_eager),
     )
 }

@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .activations import Activation, interleaved_pairs
+from .activations import TORCH_MATH, Activation, interleaved_pairs
 
 # fwd+bwd FLOP of a step below which ``auto`` takes the plain ops (see above): gated, between the
 # largest step measured slower fused (425 GFLOP) and the smallest measured faster (812); not
@@ -88,15 +88,51 @@ def small_step(x: torch.Tensor, w1: torch.Tensor, b1, w2: torch.Tensor, b2,
     | two GEMMs, weight halves by slices           | 1.06-1.09x        | 0.86x             | 0.50-0.52x          |
     | one GEMM on a copy of W1 in [gate; up] order | 0.93-0.97x        | 0.87x             | 0.66x               |
 
-    Keeping only gate and up for backward (silu(g) recomputed there, a Python backward) measured
-    1.05x at 8 rows per feature with the same step peak (302 MiB: the peak is the backward's
-    gradients, not what the forward keeps), so autograd keeps what eager keeps.
+    On the two-GEMM path the activation is :class:`LeanGatedProduct` where the activation has
+    gate ops (``a(g) * u``): autograd keeps g and u, not a(g) too, and the backward writes its
+    gradients into buffers it already holds, which takes the step's peak from eager's to
+    quack's at T=8192 d=1024 (302.0 -> 258.0 MiB; quack 257.5) at eager's speed (1.076x eager
+    against 1.092x for autograd's nodes, eager against its copy 0.988x; `tools/small_step_variants.py`,
+    H200, 2026-12-02). On the in-place pairs path it read 0.943x against 0.967x at T=2048
+    d=2048 and peaked above eager at T=512 d=8192, so autograd's nodes stay there.
     """
     if not act.gated:
         return F.linear(act.autograd_forward(F.linear(x, w1, b1)), w2, b2)
-    split = (gate_and_up_by_two_gemms if splits_the_weight(x.numel() // x.shape[-1], w1.shape[1])
-             else gate_and_up_in_place)
-    return F.linear(act.autograd_gated(*split(x, w1, b1)), w2, b2)
+    if not splits_the_weight(x.numel() // x.shape[-1], w1.shape[1]):
+        return F.linear(act.autograd_gated(*gate_and_up_in_place(x, w1, b1)), w2, b2)
+    gate, up = gate_and_up_by_two_gemms(x, w1, b1)
+    post = (LeanGatedProduct.apply(gate, up, act) if act.gate is not None
+            else act.autograd_gated(gate, up))
+    return F.linear(post, w2, b2)
+
+
+class LeanGatedProduct(torch.autograd.Function):
+    """a(g) * u for a gated activation with gate ops, keeping g and u alone for backward.
+
+    Autograd's nodes for ``F.silu(g) * u`` keep g, u and silu(g), and their backward holds
+    dpost, its two products and dg at once. Here a(g) is recomputed into du's buffer
+    (du = a(g) * dpost) and dg overwrites dpost * u in place, so the backward holds one
+    T x h tensor less. The values are eager's to the bit: the same ops in the same dtype.
+    Under ``create_graph=True`` the backward is the activation's derivative formula in
+    differentiable ops instead, so a double backward works as it does through eager's nodes.
+    """
+
+    @staticmethod
+    def forward(ctx, g: torch.Tensor, u: torch.Tensor, act: Activation) -> torch.Tensor:
+        ctx.save_for_backward(g, u)
+        ctx.act = act
+        return act.gate.forward(g).mul_(u)
+
+    @staticmethod
+    def backward(ctx, dpost: torch.Tensor):
+        g, u = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph: gradients that are themselves differentiable
+            dfdg, dfdu = ctx.act.grad(g, u, TORCH_MATH)
+            return dpost * dfdg, dpost * dfdu, None
+        du = ctx.act.gate.forward(g).mul_(dpost)
+        dg = torch.mul(dpost, u)
+        ctx.act.gate.backward_into(dg, g)
+        return dg, du, None
 
 
 def gate_and_up_in_place(x: torch.Tensor, w1: torch.Tensor, b1=None):

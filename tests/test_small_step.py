@@ -85,7 +85,8 @@ def test_an_activation_without_a_torch_spelling_uses_its_formula():
 # in_features and more, and (96 rows on 24 features) enough for gated fc1 as two GEMMs.
 @pytest.mark.parametrize("lead", [(3, 5), (4, 10), (8, 12)])
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("name", ["swiglu", "gelu_tanh_approx", "swiglu_oai", "relu_sq"])
+@pytest.mark.parametrize("name", ["swiglu", "gelu_tanh_approx", "swiglu_oai", "relu_sq", "reglu",
+                                  "geglu", "geglu_erf", "glu"])
 def test_small_step_matches_the_reference_with_every_gradient(name, bias, lead):
     g = torch.Generator().manual_seed(0)
     gated = reference.is_gated(name)
@@ -194,3 +195,103 @@ def test_both_fc1_spellings_give_the_gate_and_up_halves(bias):
         (gate * 2 + up * 3).sum().backward()
         grads.append(w.grad)
     torch.testing.assert_close(grads[0], grads[1])
+
+
+GATE_NAMES = [name for name, act in ACTIVATIONS.items() if act.gate is not None]
+
+
+def test_gate_ops_cover_the_product_form_activations():
+    assert sorted(GATE_NAMES) == ["geglu", "geglu_erf", "reglu", "swiglu"]
+
+
+@pytest.mark.parametrize("name", GATE_NAMES)
+def test_gate_ops_are_the_formula(name):
+    """gate.forward(g) * u is the activation, and gate.backward_into(grad, g) overwrites grad
+    with grad * a'(g), the formula's df/dg with u = 1 (fp64)."""
+    act = ACTIVATIONS[name]
+    g = torch.randn(7, 9, dtype=torch.float64) * 3
+    u = torch.randn(7, 9, dtype=torch.float64)
+    torch.testing.assert_close(act.gate.forward(g) * u, act.fn(g, u, TORCH_MATH))
+    grad = torch.randn(7, 9, dtype=torch.float64)
+    want = grad * act.grad(g, torch.ones_like(g), TORCH_MATH)[0]
+    buffer = grad.clone()
+    act.gate.backward_into(buffer, g)
+    torch.testing.assert_close(buffer, want)
+
+
+def _product_step(product, g0, u0, dpost):
+    g, u = g0.clone().requires_grad_(), u0.clone().requires_grad_()
+    post = product(g, u)
+    post.backward(dpost)
+    return post.detach(), g.grad, u.grad
+
+
+@pytest.mark.parametrize("name", GATE_NAMES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_lean_product_is_eagers_to_the_bit(name, dtype):
+    """LeanGatedProduct's value and both gradients equal autograd's through act.eager exactly:
+    the same ops in the same dtype, only the buffers differ."""
+    act = ACTIVATIONS[name]
+    gen = torch.Generator().manual_seed(2)
+    g, u, dpost = (torch.randn(37, 50, generator=gen).mul(3).to(dtype) for _ in range(3))
+    lean = _product_step(lambda a, b: small_step.LeanGatedProduct.apply(a, b, act), g, u, dpost)
+    eager = _product_step(act.eager, g, u, dpost)
+    for got, want, what in zip(lean, eager, ("value", "dg", "du")):
+        torch.testing.assert_close(got, want, rtol=0, atol=0, msg=f"{name} {what}")
+
+
+def _saved_elements(fn, *inputs):
+    """Elements of the tensors autograd keeps for backward while fn's graph is alive (each
+    storage once)."""
+    storages = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes() // t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn(*inputs)
+    return out, sum(storages.values())
+
+
+def test_lean_product_keeps_gate_and_up_alone():
+    """Eager's nodes keep g, u and silu(g) for backward; the lean product keeps g and u."""
+    act = ACTIVATIONS["swiglu"]
+    g = torch.randn(64, 32, requires_grad=True)
+    u = torch.randn(64, 32, requires_grad=True)
+    _, eager = _saved_elements(act.eager, g, u)
+    _, lean = _saved_elements(lambda a, b: small_step.LeanGatedProduct.apply(a, b, act), g, u)
+    assert eager == 3 * g.numel()
+    assert lean == 2 * g.numel()
+
+
+@pytest.mark.parametrize("name", GATE_NAMES)
+def test_lean_product_supports_a_double_backward(name):
+    """With create_graph=True the lean backward's gradients are differentiable and agree with
+    eager's double backward (fp64)."""
+    act = ACTIVATIONS[name]
+    gen = torch.Generator().manual_seed(3)
+    g0, u0, dpost = (torch.randn(5, 6, generator=gen, dtype=torch.float64) * 2 for _ in range(3))
+    results = []
+    for product in (act.eager, lambda a, b: small_step.LeanGatedProduct.apply(a, b, act)):
+        g, u = g0.clone().requires_grad_(), u0.clone().requires_grad_()
+        dg, du = torch.autograd.grad(product(g, u), (g, u), dpost, create_graph=True)
+        (dg.square().sum() + (du * g).sum()).backward()
+        results.append((dg.detach(), du.detach(), g.grad, u.grad))
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("name,rows,lean", [("swiglu", 48, True), ("swiglu", 47, False),
+                                            ("geglu", 48, True), ("swiglu_oai", 48, False)])
+def test_the_two_gemm_path_takes_the_lean_product(name, rows, lean):
+    """From the rows-per-feature threshold a gated activation with gate ops runs as
+    LeanGatedProduct; below it, and for activations without gate ops, autograd's nodes."""
+    d = 16
+    assert small_step.splits_the_weight(48, d) and not small_step.splits_the_weight(47, d)
+    act = ACTIVATIONS[name]
+    x = torch.randn(rows, d, requires_grad=True)
+    y = small_step.small_step(x, torch.randn(16, d), None, torch.randn(5, 8), None, act)
+    fc2_inputs = [fn for fn, _ in y.grad_fn.next_functions if fn is not None]
+    names = {type(fn).__name__ for fn in fc2_inputs}
+    assert any(n.startswith("LeanGatedProduct") for n in names) == lean, names

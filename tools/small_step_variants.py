@@ -6,13 +6,14 @@ fc1's weight holds interleaved (gate, up) rows, so its output holds interleaved 
 activation splits them decides the backward's kernels: unbind's backward is a stack into the
 interleaved layout (one copy kernel storing 2-byte elements at a 4-byte stride), where eager's
 chunk of contiguous halves is a cat. The layer's small step (small_step.py) picks between its
-gate_and_up_in_place and gate_and_up_by_two_gemms, timed here as they are, by rows per input
-feature. Beside them: other ways to split (a transposed unbind, a W1 copy in halves, two GEMMs on
-slices of W1) and gated activations that keep only gate and up for backward (autograd keeps
-silu(g) too), one with its backward in place; and a second copy of eager, whose ratio to eager
-is the run's own spread. Each spelling computes the same MLP; each is timed held (as the sweep
-times) and as a CUDA graph (its kernels alone, no host), at the sweep's gated small-step shapes,
-with its gradients checked against eager's and its step's peak memory beside its time.
+gate_and_up_in_place and gate_and_up_by_two_gemms by rows per input feature, and on the latter
+path runs its lean activation (LeanGatedProduct). Beside it: those splits with autograd's nodes,
+other ways to split (a transposed unbind, a W1 copy in halves, two GEMMs on slices of W1),
+activations that keep only gate and up for backward (a Python backward, and the lean one on the
+pairs read in place) and a second copy of eager, whose ratio to eager is the run's own spread.
+Each spelling computes the same MLP; each is timed held (as the sweep times) and as a CUDA graph
+(its kernels alone, no host), at the sweep's gated small-step shapes, with its gradients checked
+against eager's and its step's peak memory beside its time.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from parallel_mlp.bench.harness import Ctx, l2_bytes, time_with_tflops
-from parallel_mlp.small_step import gate_and_up_by_two_gemms, gate_and_up_in_place
+from parallel_mlp.activations import ACTIVATIONS
+from parallel_mlp.small_step import (LeanGatedProduct, gate_and_up_by_two_gemms,
+                                     gate_and_up_in_place)
 from parallel_mlp.bench.models import (EagerMLP, build_parallel_mlp, chunked_w1, cuda_graphed,
                                        mlp_flops, step_peak_memory, train_step,
                                        weight_grads)
@@ -82,29 +85,9 @@ class SwigluFc2Recomputed(torch.autograd.Function):
         return torch.ops.aten.silu_backward(dpost * u, g), dpost * a, dw2
 
 
-class SwigluLeanBackward(torch.autograd.Function):
-    """silu(g) * u keeping g and u alone, its backward in place where it can: silu(g) recomputed
-    into du's buffer, dg computed in dpost * u's. The gated small step's peak is its backward's
-    (autograd's du, da and dg alive with g, u and silu(g)); on the CPU, at T=2048 d=256 h=704
-    (8 rows per feature, as T=8192 d=1024), the profiler's allocations peaked at 5.1 T x h
-    elements against eager's 6.5 (quack's measured on the H200: 5.9 of eager's 6.9)."""
-
-    @staticmethod
-    def forward(ctx, g, u):
-        ctx.save_for_backward(g, u)
-        return F.silu(g).mul_(u)
-
-    @staticmethod
-    def backward(ctx, dpost):
-        g, u = ctx.saved_tensors
-        du = F.silu(g).mul_(dpost)
-        dg = torch.mul(dpost, u)
-        torch.ops.aten.silu_backward.grad_input(dg, g, grad_input=dg)
-        return dg, du
-
-
 def lean_backward(g, u, w2):
-    return F.linear(SwigluLeanBackward.apply(g, u), w2)
+    # the layer's activation on its two-GEMM path (small_step.LeanGatedProduct)
+    return F.linear(LeanGatedProduct.apply(g, u, ACTIVATIONS["swiglu"]), w2)
 
 
 def keeping_halves(g, u, w2):
@@ -166,7 +149,7 @@ def main() -> int:
             "pairs in place (unbind)": Spelled(w1, w2, gate_and_up_in_place),
             "transposed unbind": Spelled(w1, w2, transposed_unbind),
             "weight in halves": Spelled(w1, w2, weight_in_halves),
-            "two GEMMs (unbind)": Spelled(w1, w2, gate_and_up_by_two_gemms),
+            "two GEMMs, autograd's nodes": Spelled(w1, w2, gate_and_up_by_two_gemms),
             "two GEMMs (slices)": Spelled(w1, w2, sliced_weight),
             "two GEMMs, keeping g and u": Spelled(w1, w2, gate_and_up_by_two_gemms,
                                                        keeping_halves),
@@ -174,7 +157,6 @@ def main() -> int:
                                                       SwigluFc2Recomputed.apply),
             "pairs in place, keeping g and u": Spelled(w1, w2, gate_and_up_in_place,
                                                        keeping_halves),
-            "two GEMMs, lean backward": Spelled(w1, w2, gate_and_up_by_two_gemms, lean_backward),
             "pairs in place, lean backward": Spelled(w1, w2, gate_and_up_in_place,
                                                      lean_backward),
             "eager, a second copy": EagerMLP(chunked_w1(w1, True), w2.clone(), "swiglu"),
