@@ -88,19 +88,26 @@ def small_step(x: torch.Tensor, w1: torch.Tensor, b1, w2: torch.Tensor, b2,
     | two GEMMs, weight halves by slices           | 1.06-1.09x        | 0.86x             | 0.50-0.52x          |
     | one GEMM on a copy of W1 in [gate; up] order | 0.93-0.97x        | 0.87x             | 0.66x               |
 
-    On the two-GEMM path the activation is :class:`LeanGatedProduct` where the activation has
-    gate ops (``a(g) * u``): autograd keeps g and u, not a(g) too, and the backward writes its
-    gradients into buffers it already holds, which takes the step's peak from eager's to
-    quack's at T=8192 d=1024 (302.0 -> 258.0 MiB; quack 257.5) at eager's speed (1.076x eager
-    against 1.092x for autograd's nodes, eager against its copy 0.988x; `tools/small_step_variants.py`,
-    H200, 2026-12-02). On the in-place pairs path it read 0.943x against 0.967x at T=2048
-    d=2048 and peaked above eager at T=512 d=8192, so autograd's nodes stay there.
+    The activation, where it has gate ops (``a(g) * u``), is :class:`LeanGatedProduct`:
+    autograd keeps g and u, not a(g) too, and the backward writes its gradients into buffers it
+    already holds. Against autograd's nodes for the same split (`tools/small_step_variants.py`,
+    two runs, H200, 2026-12-02; eager against its copy 0.975-0.990x):
+
+    | eager / spelling, step peak MiB     | T=8192 d=1024 (two GEMMs) | T=2048 d=2048 (pairs) | T=512 d=8192 (pairs) |
+    | ----------------------------------- | ------------------------- | --------------------- | -------------------- |
+    | autograd's nodes                    | 1.077-1.092x, 302.0       | 0.967-0.978x, 94.0    | 0.910-0.988x, 158.5  |
+    | lean (g and u kept)                 | 1.048-1.076x, 258.0       | 0.943-0.952x, 83.0    | 0.965-0.985x, 159.5  |
+    | eager                               | 1.000x, 301.5             | 1.000x, 93.0          | 1.000x, 158.5        |
+
+    quack's MLP peaked at 257.5 and 83.0 MiB there (the shape sweep). The lean backward
+    recomputes a(g), one more elementwise pass (about 3% of the T=8192 step, CUDA-graphed); it
+    brings the step to quack's memory where the activation, not the weights, sets the peak.
     """
     if not act.gated:
         return F.linear(act.autograd_forward(F.linear(x, w1, b1)), w2, b2)
-    if not splits_the_weight(x.numel() // x.shape[-1], w1.shape[1]):
-        return F.linear(act.autograd_gated(*gate_and_up_in_place(x, w1, b1)), w2, b2)
-    gate, up = gate_and_up_by_two_gemms(x, w1, b1)
+    split = (gate_and_up_by_two_gemms if splits_the_weight(x.numel() // x.shape[-1], w1.shape[1])
+             else gate_and_up_in_place)
+    gate, up = split(x, w1, b1)
     post = (LeanGatedProduct.apply(gate, up, act) if act.gate is not None
             else act.autograd_gated(gate, up))
     return F.linear(post, w2, b2)

@@ -282,11 +282,13 @@ def test_lean_product_supports_a_double_backward(name):
         torch.testing.assert_close(got, want)
 
 
-@pytest.mark.parametrize("name,rows,lean", [("swiglu", 48, True), ("swiglu", 47, False),
-                                            ("geglu", 48, True), ("swiglu_oai", 48, False)])
-def test_the_two_gemm_path_takes_the_lean_product(name, rows, lean):
-    """From the rows-per-feature threshold a gated activation with gate ops runs as
-    LeanGatedProduct; below it, and for activations without gate ops, autograd's nodes."""
+@pytest.mark.parametrize("name,rows,lean", [("swiglu", 48, True), ("swiglu", 47, True),
+                                            ("geglu", 48, True), ("reglu", 5, True),
+                                            ("swiglu_oai", 48, False), ("glu", 5, False)])
+def test_gated_activations_with_gate_ops_take_the_lean_product(name, rows, lean):
+    """On both fc1 paths (two GEMMs from the rows-per-feature threshold, the pairs in place below
+    it) a gated activation with gate ops runs as LeanGatedProduct; one without, as autograd's
+    nodes."""
     d = 16
     assert small_step.splits_the_weight(48, d) and not small_step.splits_the_weight(47, d)
     act = ACTIVATIONS[name]
