@@ -95,13 +95,15 @@ def small_step(x: torch.Tensor, w1: torch.Tensor, b1, w2: torch.Tensor, b2,
 
     | eager / spelling, step peak MiB     | T=8192 d=1024 (two GEMMs) | T=2048 d=2048 (pairs) | T=512 d=8192 (pairs) |
     | ----------------------------------- | ------------------------- | --------------------- | -------------------- |
-    | autograd's nodes                    | 1.077-1.092x, 302.0       | 0.967-0.978x, 94.0    | 0.910-0.988x, 158.5  |
-    | lean (g and u kept)                 | 1.048-1.076x, 258.0       | 0.943-0.952x, 83.0    | 0.965-0.985x, 159.5  |
-    | eager                               | 1.000x, 301.5             | 1.000x, 93.0          | 1.000x, 158.5        |
+    | autograd's nodes                    | 1.077-1.092x, 302.0       | 0.967-0.978x, 94.0    | 0.910-0.988x, 158.5-159.5 |
+    | lean (g and u kept)                 | 1.048-1.076x, 258.0       | 0.943-0.952x, 83.0    | 0.965-0.985x, 159.5       |
+    | eager                               | 1.000x, 301.5             | 1.000x, 93.0          | 1.000x, 158.5-159.5       |
 
-    quack's MLP peaked at 257.5 and 83.0 MiB there (the shape sweep). The lean backward
-    recomputes a(g), one more elementwise pass (about 3% of the T=8192 step, CUDA-graphed); it
-    brings the step to quack's memory where the activation, not the weights, sets the peak.
+    quack's MLP peaked at 257.5 and 83.0 MiB at the first two (the shape sweep). The lean
+    backward recomputes a(g), one more elementwise pass (about 3% of the T=8192 step,
+    CUDA-graphed); it brings the step to quack's memory where the activation sets the peak, and
+    changes nothing where the weights' gradients do (T=512 d=8192, whose second copy of eager
+    read 159.5 beside eager's 158.5 in the same run).
     """
     if not act.gated:
         return F.linear(act.autograd_forward(F.linear(x, w1, b1)), w2, b2)
