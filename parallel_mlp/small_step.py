@@ -42,6 +42,11 @@ MAX_FLOP = 1.0e12
 # GEMMs were faster at 8 and slower at 1 (the shapes measured); 3 is about their geometric
 # middle.
 GATE_GEMMS_MIN_ROWS_PER_FEATURE = 3
+# Rows per input feature from which a gated small step keeps gate and up alone (LeanGatedProduct,
+# see small_step): there its step peak fell 12-15% (1 and 8 rows per feature); at 1/2 and 1/16,
+# where the weights' gradients set the peak, 0-2%, for an autograd function's host time
+# (+11 µs per step on a 2-core CPU VM) at steps the host already decides.
+LEAN_MIN_ROWS_PER_FEATURE = 1
 
 
 def step_flop(rows: int, in_features: int, fc1_rows: int, hidden: int, out_features: int) -> int:
@@ -66,6 +71,12 @@ def splits_the_weight(rows: int, in_features: int) -> bool:
     return rows >= GATE_GEMMS_MIN_ROWS_PER_FEATURE * in_features
 
 
+def keeps_gate_and_up_alone(rows: int, in_features: int) -> bool:
+    """Whether a gated small step (of an activation with gate ops) runs LeanGatedProduct: once
+    its activation is LEAN_MIN_ROWS_PER_FEATURE times fc1's input width."""
+    return rows >= LEAN_MIN_ROWS_PER_FEATURE * in_features
+
+
 def small_step(x: torch.Tensor, w1: torch.Tensor, b1, w2: torch.Tensor, b2,
                act: Activation) -> torch.Tensor:
     """act(x @ w1.T + b1) @ w2.T + b2 on one rank, differentiated by autograd.
@@ -88,10 +99,12 @@ def small_step(x: torch.Tensor, w1: torch.Tensor, b1, w2: torch.Tensor, b2,
     | two GEMMs, weight halves by slices           | 1.06-1.09x        | 0.86x             | 0.50-0.52x          |
     | one GEMM on a copy of W1 in [gate; up] order | 0.93-0.97x        | 0.87x             | 0.66x               |
 
-    The activation, where it has gate ops (``a(g) * u``), is :class:`LeanGatedProduct`:
-    autograd keeps g and u, not a(g) too, and the backward writes its gradients into buffers it
-    already holds. Against autograd's nodes for the same split (`tools/small_step_variants.py`,
-    two runs, H200, 2026-12-02; eager against its copy 0.975-0.990x):
+    From one row per input feature, the activation, where it has gate ops (``a(g) * u``), is
+    :class:`LeanGatedProduct`: autograd keeps g and u, not a(g) too (a quarter less of what the
+    MLP keeps per layer from forward to backward), and the backward writes its gradients into
+    buffers it already holds. Against autograd's nodes for the same split
+    (`tools/small_step_variants.py`, two runs, H200, 2026-12-02; eager against its copy
+    0.975-0.990x):
 
     | eager / spelling, step peak MiB     | T=8192 d=1024 (two GEMMs) | T=2048 d=2048 (pairs) | T=512 d=8192 (pairs) |
     | ----------------------------------- | ------------------------- | --------------------- | -------------------- |
@@ -101,17 +114,19 @@ def small_step(x: torch.Tensor, w1: torch.Tensor, b1, w2: torch.Tensor, b2,
 
     quack's MLP peaked at 257.5 and 83.0 MiB at the first two (the shape sweep). The lean
     backward recomputes a(g), one more elementwise pass (about 3% of the T=8192 step,
-    CUDA-graphed); it brings the step to quack's memory where the activation sets the peak, and
-    changes nothing where the weights' gradients do (T=512 d=8192, whose second copy of eager
-    read 159.5 beside eager's 158.5 in the same run).
+    CUDA-graphed), and is a Python autograd function (+11 µs of host time per step on a 2-core
+    CPU VM, T=8 d=16). It brings the step to quack's memory where the activation sets the peak;
+    below one row per feature the weights' gradients set it (T=512 d=8192: 159.5 MiB either
+    way, eager's second copy 159.5 beside eager's 158.5; T=512 d=1024: 26.0 against 26.5) and
+    the step is the host's, so autograd's nodes stay there.
     """
     if not act.gated:
         return F.linear(act.autograd_forward(F.linear(x, w1, b1)), w2, b2)
     split = (gate_and_up_by_two_gemms if splits_the_weight(x.numel() // x.shape[-1], w1.shape[1])
              else gate_and_up_in_place)
     gate, up = split(x, w1, b1)
-    post = (LeanGatedProduct.apply(gate, up, act) if act.gate is not None
-            else act.autograd_gated(gate, up))
+    lean = act.gate is not None and keeps_gate_and_up_alone(x.numel() // x.shape[-1], w1.shape[1])
+    post = LeanGatedProduct.apply(gate, up, act) if lean else act.autograd_gated(gate, up)
     return F.linear(post, w2, b2)
 
 

@@ -82,7 +82,8 @@ def test_an_activation_without_a_torch_spelling_uses_its_formula():
 
 
 # Awkward sizes: rows not a multiple of anything, odd widths, a 3-D input; fewer rows than
-# in_features and more, and (96 rows on 24 features) enough for gated fc1 as two GEMMs.
+# in_features (15 on 24: autograd's nodes for the gated activation), more (40: the lean product on
+# the pairs read in place), and enough for gated fc1 as two GEMMs (96, with the lean product).
 @pytest.mark.parametrize("lead", [(3, 5), (4, 10), (8, 12)])
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("name", ["swiglu", "gelu_tanh_approx", "swiglu_oai", "relu_sq", "reglu",
@@ -283,14 +284,17 @@ def test_lean_product_supports_a_double_backward(name):
 
 
 @pytest.mark.parametrize("name,rows,lean", [("swiglu", 48, True), ("swiglu", 47, True),
-                                            ("geglu", 48, True), ("reglu", 5, True),
-                                            ("swiglu_oai", 48, False), ("glu", 5, False)])
+                                            ("swiglu", 16, True), ("swiglu", 15, False),
+                                            ("geglu", 48, True), ("reglu", 20, True),
+                                            ("swiglu_oai", 48, False), ("glu", 20, False)])
 def test_gated_activations_with_gate_ops_take_the_lean_product(name, rows, lean):
-    """On both fc1 paths (two GEMMs from the rows-per-feature threshold, the pairs in place below
-    it) a gated activation with gate ops runs as LeanGatedProduct; one without, as autograd's
-    nodes."""
+    """From one row per input feature, on both fc1 paths (two GEMMs from 3 rows per feature, the
+    pairs in place below), a gated activation with gate ops runs as LeanGatedProduct; below one
+    row per feature, or without gate ops, as autograd's nodes."""
     d = 16
     assert small_step.splits_the_weight(48, d) and not small_step.splits_the_weight(47, d)
+    assert small_step.LEAN_MIN_ROWS_PER_FEATURE == 1
+    assert small_step.keeps_gate_and_up_alone(16, d) and not small_step.keeps_gate_and_up_alone(15, d)
     act = ACTIVATIONS[name]
     x = torch.randn(rows, d, requires_grad=True)
     y = small_step.small_step(x, torch.randn(16, d), None, torch.randn(5, 8), None, act)
