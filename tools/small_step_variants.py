@@ -6,11 +6,12 @@ fc1's weight holds interleaved (gate, up) rows, so its output holds interleaved 
 activation splits them decides the backward's kernels: unbind's backward is a stack into the
 interleaved layout (one copy kernel storing 2-byte elements at a 4-byte stride), where eager's
 chunk of contiguous halves is a cat. The layer's small step (small_step.py) picks between its
-gate_and_up_in_place and gate_and_up_by_two_gemms by rows per input feature, and runs its lean
-activation (LeanGatedProduct) on either. Beside it: those splits with autograd's nodes for the
-activation, other ways to split (a transposed unbind, a W1 copy in halves, two GEMMs on slices
-of W1), other ways to keep only gate and up for backward (a Python backward, fc2 recomputed) and
-a second copy of eager, whose ratio to eager is the run's own spread.
+gate_and_up_in_place and gate_and_up_by_two_gemms by rows per input feature, and from one row
+per feature runs its lean activation (LeanGatedProduct) on either. Beside it: both splits with
+autograd's nodes and with the lean product for the activation, other ways to split (a
+transposed unbind, a W1 copy in halves, two GEMMs on slices of W1), other ways to keep only gate
+and up for backward (a Python backward, fc2 recomputed) and a second copy of eager, whose ratio
+to eager is the run's own spread.
 Each spelling computes the same MLP; each is timed held (as the sweep times) and as a CUDA graph
 (its kernels alone, no host), at the sweep's gated small-step shapes, with its gradients checked
 against eager's and its step's peak memory beside its time.
@@ -25,7 +26,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from parallel_mlp.bench.harness import Ctx, l2_bytes, time_with_tflops
-from parallel_mlp.small_step import gate_and_up_by_two_gemms, gate_and_up_in_place
+from parallel_mlp.activations import ACTIVATIONS
+from parallel_mlp.small_step import (LeanGatedProduct, gate_and_up_by_two_gemms,
+                                     gate_and_up_in_place)
 from parallel_mlp.bench.models import (EagerMLP, build_parallel_mlp, chunked_w1, cuda_graphed,
                                        mlp_flops, step_peak_memory, train_step,
                                        weight_grads)
@@ -81,6 +84,10 @@ class SwigluFc2Recomputed(torch.autograd.Function):
         dpost = dy @ w2
         dw2 = dy.flatten(0, -2).T @ (a * u).flatten(0, -2)
         return torch.ops.aten.silu_backward(dpost * u, g), dpost * a, dw2
+
+
+def lean_product(g, u, w2):
+    return F.linear(LeanGatedProduct.apply(g, u, ACTIVATIONS["swiglu"]), w2)
 
 
 def keeping_halves(g, u, w2):
@@ -150,6 +157,8 @@ def main() -> int:
                                                       SwigluFc2Recomputed.apply),
             "pairs in place, keeping g and u": Spelled(w1, w2, gate_and_up_in_place,
                                                        keeping_halves),
+            "two GEMMs, lean product": Spelled(w1, w2, gate_and_up_by_two_gemms, lean_product),
+            "pairs in place, lean product": Spelled(w1, w2, gate_and_up_in_place, lean_product),
             "eager, a second copy": EagerMLP(chunked_w1(w1, True), w2.clone(), "swiglu"),
         }
         if args.with_baselines:
