@@ -44,8 +44,9 @@ def turn_order(n: int, round_index: int) -> list[int]:
     in the rounds is the same. In one order, a drift through the rounds lands on the variants by
     their place: eager against a second copy of itself, first and last in each round, read
     0.98-0.99x at 23 of the sweep's 30 shapes (geometric mean 0.983x; H200, 2026-12-02, `bench
-    sweep`), where a timing without bias by place reads 1. With two rounds reversed, a drift
-    linear in time adds the same to every variant's mean."""
+    sweep`), where a timing without bias by place reads 1; in alternating order, 0.988x and
+    0.998x in two sweeps of the same day. With two rounds reversed, a drift linear in time adds
+    the same to every variant's mean."""
     order = list(range(n))
     return order if round_index % 2 == 0 else order[::-1]
 
