@@ -53,6 +53,25 @@ def test_phase_probe_prints_every_model_and_phase(capsys):
     assert all(out.count(phase) >= 6 for phase in PHASES)
 
 
+def test_phase_probe_reverses_its_order_every_round(monkeypatch, capsys):
+    """Like the held timing, the probe's models take their turns forward, then reversed."""
+    import torch
+
+    from parallel_mlp.bench import host_overhead
+
+    seen = []
+
+    def record(model, x, dy, calls, sync=None):
+        seen.append((type(model).__name__, torch.autograd.is_multithreading_enabled()))
+        return dict.fromkeys(host_overhead.PHASES, 1.0)
+
+    monkeypatch.setattr(host_overhead, "step_phases", record)
+    assert host_overhead.phase_probe(1, (8, 16, 24, "swiglu"), rounds=2, device="cpu") == 0
+    capsys.readouterr()
+    first, second = seen[:6], seen[6:]
+    assert len(set(first)) == 6 and second == first[::-1]
+
+
 def test_the_step_probes_flags_are_refused_apart_from_step(capsys):
     import pytest
 

@@ -18,10 +18,10 @@ also runs once under ``torch.cuda.set_sync_debug_mode("error")``: a step that wa
 would pay the GPU's time on top of the host's, and is named.
 
 ``--step --phases`` compares ours on ``auto`` (its small step), the small step's ops without the
-layer, and eager, in interleaved rounds with autograd's device threads on and off: each step's
-host time split into clearing the grads, the forward and the backward (until ``y.backward``
-returns), and a pure-Python loop timed in every round, so that a slow or drifting host shows as
-such. Where a host-bound step of ours loses to eager's, it says in which part.
+layer, and eager, in interleaved rounds (their order reversed every round, as the held timing
+does) with autograd's device threads on and off: each step's host time split into clearing the
+grads, the forward and the backward (until ``y.backward`` returns), and a pure-Python loop timed
+in every round, so that a slow or drifting host shows as such. Where a host-bound step of ours loses to eager's, it says in which part.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import time
 
 import torch
 
-from .timing import host_us_per_call
+from .timing import host_us_per_call, turn_order
 
 # The host-bound step the --step and --stub probes run: tokens, width, hidden size, activation.
 STEP_SHAPE = (512, 1024, 2816, "swiglu")
@@ -299,12 +299,13 @@ def phase_probe(calls: int, shape: tuple[int, int, int, str] = STEP_SHAPE,
         for _ in range(5):
             train_step(model, x, dy)
     runs = {(name, threads): [] for name in models for threads in (True, False)}
+    keys = list(runs)
     loop = []
-    for _ in range(rounds):
+    for r in range(rounds):
         loop.append(_python_loop_us())
-        for (name, threads), out in runs.items():
+        for name, threads in (keys[k] for k in turn_order(len(keys), r)):
             with torch.autograd.set_multithreading_enabled(threads):
-                out.append(step_phases(models[name], x, dy, calls, sync=sync))
+                runs[name, threads].append(step_phases(models[name], x, dy, calls, sync=sync))
     print(f"host µs per fwd+bwd by phase, T={T} d={d} {act} h={h}; {rounds} interleaved rounds "
           f"of {calls} steps (median within a round; min and median over rounds); "
           f"{torch.cuda.get_device_name() if device == 'cuda' else device}")
