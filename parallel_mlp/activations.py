@@ -181,12 +181,31 @@ def _glu_eager(g, u):
 @dataclass(frozen=True)
 class GateOps:
     """The gate function of an ``a(g) * u`` activation as torch's fused ops: ``forward(g)`` is
-    a(g), ``backward_into(grad, g)`` overwrites grad with grad * a'(g) (aten's ``*_backward``
-    out variant, which reads the input, not the output). What small_step's lean backward
-    recomputes and differentiates with; tests check both against the formula."""
+    a(g), ``forward_into(out, g)`` writes it into ``out`` (aten's out variant, the same kernel:
+    ``out`` may be a strided view), ``backward_into(grad, g)`` overwrites grad with grad * a'(g)
+    (aten's ``*_backward`` out variant, which reads the input, not the output). What
+    small_step's lean backward recomputes and differentiates with; tests check them against the
+    formula."""
 
     forward: Callable
+    forward_into: Callable
     backward_into: Callable
+
+
+def _silu_into(out, g):
+    torch.ops.aten.silu.out(g, out=out)
+
+
+def _relu_into(out, g):
+    torch.ops.aten.relu.out(g, out=out)
+
+
+def _gelu_tanh_into(out, g):
+    torch.ops.aten.gelu.out(g, approximate="tanh", out=out)
+
+
+def _gelu_into(out, g):
+    torch.ops.aten.gelu.out(g, out=out)
 
 
 def _silu_backward_into(grad, g):
@@ -286,14 +305,15 @@ ACTIVATIONS: dict[str, Activation] = {
         Activation("relu", False, relu, relu_grad, F.relu),
         Activation("relu_sq", False, relu_sq, relu_sq_grad, _relu_sq_eager),
         Activation("swiglu", True, swiglu, swiglu_grad, _swiglu_eager,
-                   GateOps(F.silu, _silu_backward_into)),
+                   GateOps(F.silu, _silu_into, _silu_backward_into)),
         Activation("swiglu_oai", True, swiglu_oai, swiglu_oai_grad),
         Activation("reglu", True, reglu, reglu_grad, _reglu_eager,
-                   GateOps(F.relu, _relu_backward_into)),
+                   GateOps(F.relu, _relu_into, _relu_backward_into)),
         Activation("geglu", True, geglu, geglu_grad, _geglu_eager,
-                   GateOps(_gelu_tanh_approx_eager, _gelu_tanh_backward_into)),
+                   GateOps(_gelu_tanh_approx_eager, _gelu_tanh_into,
+                           _gelu_tanh_backward_into)),
         Activation("geglu_erf", True, geglu_erf, geglu_erf_grad, _geglu_erf_eager,
-                   GateOps(F.gelu, _gelu_backward_into)),
+                   GateOps(F.gelu, _gelu_into, _gelu_backward_into)),
         Activation("glu", True, glu, glu_grad, _glu_eager),
     )
 }

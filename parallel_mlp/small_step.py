@@ -123,22 +123,38 @@ def small_step(x: torch.Tensor, w1: torch.Tensor, b1, w2: torch.Tensor, b2,
     if not act.gated:
         return F.linear(act.autograd_forward(F.linear(x, w1, b1)), w2, b2)
     rows, in_features = x.numel() // x.shape[-1], w1.shape[1]
-    split = gate_and_up_by_two_gemms if splits_the_weight(rows, in_features) else gate_and_up_in_place
-    gate, up = split(x, w1, b1)
     lean = act.gate is not None and keeps_gate_and_up_alone(rows, in_features)
-    post = LeanGatedProduct.apply(gate, up, act) if lean else act.autograd_gated(gate, up)
+    if splits_the_weight(rows, in_features):
+        gate, up = gate_and_up_by_two_gemms(x, w1, b1)
+        post = LeanGatedProduct.apply(gate, up, act) if lean else act.autograd_gated(gate, up)
+    else:
+        preact = F.linear(x, w1, b1)
+        post = (LeanGatedPairs.apply(preact, act) if lean
+                else act.autograd_gated(*interleaved_pairs(preact)))
     return F.linear(post, w2, b2)
 
 
+def lean_gradients_into(dg: torch.Tensor, du: torch.Tensor, g: torch.Tensor, u: torch.Tensor,
+                        dpost: torch.Tensor, gate) -> None:
+    """The gradients of a(g) * u into the buffers dg and du (either may be a strided view):
+    du = a(g) * dpost with a(g) recomputed into du itself, dg = dpost * u then times a'(g) in
+    place. The ops autograd's nodes for ``a(g) * u`` run, in the same dtype, so the values are
+    theirs to the bit, without a T x h temporary."""
+    gate.forward_into(du, g)
+    du.mul_(dpost)
+    torch.mul(dpost, u, out=dg)
+    gate.backward_into(dg, g)
+
+
 class LeanGatedProduct(torch.autograd.Function):
-    """a(g) * u for a gated activation with gate ops, keeping g and u alone for backward.
+    """a(g) * u for a gated activation with gate ops, g and u separate tensors (fc1 as two
+    GEMMs), keeping g and u alone for backward.
 
     Autograd's nodes for ``F.silu(g) * u`` keep g, u and silu(g), and their backward holds
-    dpost, its two products and dg at once. Here a(g) is recomputed into du's buffer
-    (du = a(g) * dpost) and dg overwrites dpost * u in place, so the backward holds one
-    T x h tensor less. The values are eager's to the bit: the same ops in the same dtype.
-    Under ``create_graph=True`` the backward is the activation's derivative formula in
-    differentiable ops instead, so a double backward works as it does through eager's nodes.
+    dpost, its two products and dg at once. Here the backward is :func:`lean_gradients_into`
+    into two new buffers, so it holds one T x h tensor less. Under ``create_graph=True`` the
+    backward is the activation's derivative formula in differentiable ops instead, so a double
+    backward works as it does through eager's nodes.
     """
 
     @staticmethod
@@ -153,10 +169,41 @@ class LeanGatedProduct(torch.autograd.Function):
         if torch.is_grad_enabled():  # create_graph: gradients that are themselves differentiable
             dfdg, dfdu = ctx.act.grad(g, u, TORCH_MATH)
             return dpost * dfdg, dpost * dfdu, None
-        du = ctx.act.gate.forward(g).mul_(dpost)
-        dg = torch.mul(dpost, u)
-        ctx.act.gate.backward_into(dg, g)
+        dg, du = torch.empty_like(dpost), torch.empty_like(dpost)
+        lean_gradients_into(dg, du, g, u, dpost, ctx.act.gate)
         return dg, du, None
+
+
+class LeanGatedPairs(torch.autograd.Function):
+    """a(g) * u of fc1's interleaved output ``[..., 2h]`` (gate at even columns, up at odd), for a
+    gated activation with gate ops, keeping that output alone for backward.
+
+    Autograd's nodes for the same (a ``[..., h, 2]`` view, unbind, ``F.silu(g) * u``) keep
+    silu(g) beside it, and their backward holds dpost, both products, dg and du, then stacks dg
+    and du into the interleaved gradient with one more copy kernel (2-byte elements stored at a
+    4-byte stride, over 2 x T x h). Here the backward writes du and dg straight into the two
+    interleaved halves of one ``[..., 2h]`` buffer (:func:`lean_gradients_into` on strided
+    views): no stack, no unbind or view nodes, and at most dpost and that buffer at once.
+    Under ``create_graph=True`` the derivative formula in differentiable ops instead.
+    """
+
+    @staticmethod
+    def forward(ctx, preact: torch.Tensor, act: Activation) -> torch.Tensor:
+        ctx.save_for_backward(preact)
+        ctx.act = act
+        g, u = preact[..., 0::2], preact[..., 1::2]
+        return act.gate.forward(g).mul_(u)
+
+    @staticmethod
+    def backward(ctx, dpost: torch.Tensor):
+        (preact,) = ctx.saved_tensors
+        g, u = preact[..., 0::2], preact[..., 1::2]
+        if torch.is_grad_enabled():  # create_graph: gradients that are themselves differentiable
+            dfdg, dfdu = ctx.act.grad(g, u, TORCH_MATH)
+            return torch.stack((dpost * dfdg, dpost * dfdu), dim=-1).flatten(-2), None
+        dpreact = torch.empty_like(preact, memory_format=torch.contiguous_format)
+        lean_gradients_into(dpreact[..., 0::2], dpreact[..., 1::2], g, u, dpost, ctx.act.gate)
+        return dpreact, None
 
 
 def gate_and_up_in_place(x: torch.Tensor, w1: torch.Tensor, b1=None):

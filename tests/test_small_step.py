@@ -8,7 +8,7 @@ import torch
 
 import reference
 from parallel_mlp import ACTIVATIONS, ParallelMLP, parallel_mlp_func, small_step
-from parallel_mlp.activations import TORCH_MATH
+from parallel_mlp.activations import TORCH_MATH, interleaved_pairs
 
 # T=512 d=1024 swiglu h=2816: 26.6 GFLOP per fwd+bwd, far below the threshold.
 SMALL = dict(rows=512, in_features=1024, fc1_rows=5632, hidden=2816, out_features=1024)
@@ -220,6 +220,18 @@ def test_gate_ops_are_the_formula(name):
     torch.testing.assert_close(buffer, want)
 
 
+@pytest.mark.parametrize("name", GATE_NAMES)
+def test_gate_ops_write_a_strided_view_as_forward_computes(name):
+    """forward_into(out, g) into every other column of a buffer is forward(g) to the bit and
+    leaves the other columns alone (bf16)."""
+    act = ACTIVATIONS[name]
+    g = (torch.randn(6, 2, 11) * 3).bfloat16()[:, 0]  # a strided gate, as the pairs give it
+    buffer = torch.full((6, 22), 7.0, dtype=torch.bfloat16)
+    act.gate.forward_into(buffer[:, 0::2], g)
+    torch.testing.assert_close(buffer[:, 0::2], act.gate.forward(g), rtol=0, atol=0)
+    assert bool((buffer[:, 1::2] == 7.0).all())
+
+
 def _product_step(product, g0, u0, dpost):
     g, u = g0.clone().requires_grad_(), u0.clone().requires_grad_()
     post = product(g, u)
@@ -227,18 +239,54 @@ def _product_step(product, g0, u0, dpost):
     return post.detach(), g.grad, u.grad
 
 
+def _pairs_step(product, g0, u0, dpost):
+    """product(g, u) through an interleaved [..., 2h] pre-activation: the value and the
+    pre-activation's gradient split back into (dg, du)."""
+    preact = torch.stack((g0, u0), dim=-1).flatten(-2).requires_grad_()
+    post = product(preact)
+    post.backward(dpost)
+    return post.detach(), preact.grad[..., 0::2], preact.grad[..., 1::2]
+
+
+def _lean_pairs(act):
+    return lambda preact: small_step.LeanGatedPairs.apply(preact, act)
+
+
+def _nodes_on_pairs(act):
+    return lambda preact: act.eager(*interleaved_pairs(preact))
+
+
 @pytest.mark.parametrize("name", GATE_NAMES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_lean_product_is_eagers_to_the_bit(name, dtype):
-    """LeanGatedProduct's value and both gradients equal autograd's through act.eager exactly:
-    the same ops in the same dtype, only the buffers differ."""
+def test_lean_functions_are_eagers_to_the_bit(name, dtype):
+    """LeanGatedProduct's value and gradients equal autograd's through act.eager exactly, and
+    LeanGatedPairs' equal autograd's through act.eager on the same strided views of the pairs:
+    the same ops in the same dtype on the same layouts, only the buffers differ. (On the CPU a
+    strided and a contiguous input can take different vector paths, so each is compared with
+    eager on its own layout.)"""
     act = ACTIVATIONS[name]
     gen = torch.Generator().manual_seed(2)
     g, u, dpost = (torch.randn(37, 50, generator=gen).mul(3).to(dtype) for _ in range(3))
-    lean = _product_step(lambda a, b: small_step.LeanGatedProduct.apply(a, b, act), g, u, dpost)
     eager = _product_step(act.eager, g, u, dpost)
-    for got, want, what in zip(lean, eager, ("value", "dg", "du")):
+    lean = _product_step(lambda a, b: small_step.LeanGatedProduct.apply(a, b, act), g, u, dpost)
+    eager_on_pairs = _pairs_step(_nodes_on_pairs(act), g, u, dpost)
+    pairs = _pairs_step(_lean_pairs(act), g, u, dpost)
+    for got, want, what in zip(lean + pairs, eager + eager_on_pairs, ("value", "dg", "du") * 2):
         torch.testing.assert_close(got, want, rtol=0, atol=0, msg=f"{name} {what}")
+
+
+def test_lean_pairs_gradient_is_one_contiguous_interleaved_tensor():
+    """The pre-activation's gradient comes back as one [..., 2h] tensor in its layout, over a
+    leading batch dimension too."""
+    act = ACTIVATIONS["swiglu"]
+    preact = torch.randn(3, 5, 8, requires_grad=True)
+    post = small_step.LeanGatedPairs.apply(preact, act)
+    assert post.shape == (3, 5, 4)
+    post.backward(torch.ones_like(post))
+    assert preact.grad.shape == preact.shape and preact.grad.is_contiguous()
+    g, u = preact.detach()[..., 0::2], preact.detach()[..., 1::2]
+    want = torch.stack(act.grad(g, u, TORCH_MATH), dim=-1).flatten(-2)
+    torch.testing.assert_close(preact.grad, want)
 
 
 def _saved_elements(fn, *inputs):
@@ -255,42 +303,54 @@ def _saved_elements(fn, *inputs):
     return out, sum(storages.values())
 
 
-def test_lean_product_keeps_gate_and_up_alone():
-    """Eager's nodes keep g, u and silu(g) for backward; the lean product keeps g and u."""
+def test_lean_functions_keep_gate_and_up_alone():
+    """Eager's nodes keep g, u and silu(g) for backward; the lean functions keep g and u (two
+    tensors, or the one interleaved pre-activation)."""
     act = ACTIVATIONS["swiglu"]
     g = torch.randn(64, 32, requires_grad=True)
     u = torch.randn(64, 32, requires_grad=True)
+    preact = torch.randn(64, 64, requires_grad=True)
     _, eager = _saved_elements(act.eager, g, u)
+    _, nodes_on_pairs = _saved_elements(_nodes_on_pairs(act), preact)
     _, lean = _saved_elements(lambda a, b: small_step.LeanGatedProduct.apply(a, b, act), g, u)
-    assert eager == 3 * g.numel()
-    assert lean == 2 * g.numel()
+    _, pairs = _saved_elements(_lean_pairs(act), preact)
+    assert eager == nodes_on_pairs == 3 * g.numel()
+    assert lean == pairs == 2 * g.numel()
 
 
 @pytest.mark.parametrize("name", GATE_NAMES)
-def test_lean_product_supports_a_double_backward(name):
-    """With create_graph=True the lean backward's gradients are differentiable and agree with
+def test_lean_functions_support_a_double_backward(name):
+    """With create_graph=True the lean backwards' gradients are differentiable and agree with
     eager's double backward (fp64)."""
     act = ACTIVATIONS[name]
     gen = torch.Generator().manual_seed(3)
     g0, u0, dpost = (torch.randn(5, 6, generator=gen, dtype=torch.float64) * 2 for _ in range(3))
+
+    def through_pairs(product):
+        def run(g, u):
+            return product(torch.stack((g, u), dim=-1).flatten(-2))
+        return run
+
     results = []
-    for product in (act.eager, lambda a, b: small_step.LeanGatedProduct.apply(a, b, act)):
+    for product in (act.eager, lambda a, b: small_step.LeanGatedProduct.apply(a, b, act),
+                    through_pairs(_lean_pairs(act))):
         g, u = g0.clone().requires_grad_(), u0.clone().requires_grad_()
         dg, du = torch.autograd.grad(product(g, u), (g, u), dpost, create_graph=True)
         (dg.square().sum() + (du * g).sum()).backward()
         results.append((dg.detach(), du.detach(), g.grad, u.grad))
-    for got, want in zip(*results):
-        torch.testing.assert_close(got, want)
+    for other in results[1:]:
+        for got, want in zip(other, results[0]):
+            torch.testing.assert_close(got, want)
 
 
-@pytest.mark.parametrize("name,rows,lean", [("swiglu", 48, True), ("swiglu", 47, True),
-                                            ("swiglu", 16, True), ("swiglu", 15, False),
-                                            ("geglu", 48, True), ("reglu", 20, True),
-                                            ("swiglu_oai", 48, False), ("glu", 20, False)])
-def test_gated_activations_with_gate_ops_take_the_lean_product(name, rows, lean):
-    """From one row per input feature, on both fc1 paths (two GEMMs from 3 rows per feature, the
-    pairs in place below), a gated activation with gate ops runs as LeanGatedProduct; below one
-    row per feature, or without gate ops, as autograd's nodes."""
+@pytest.mark.parametrize("name,rows,want", [
+    ("swiglu", 48, "LeanGatedProduct"), ("swiglu", 47, "LeanGatedPairs"),
+    ("swiglu", 16, "LeanGatedPairs"), ("swiglu", 15, None), ("geglu", 48, "LeanGatedProduct"),
+    ("reglu", 20, "LeanGatedPairs"), ("swiglu_oai", 48, None), ("glu", 20, None)])
+def test_gated_activations_with_gate_ops_take_a_lean_function(name, rows, want):
+    """From one row per input feature, a gated activation with gate ops runs as LeanGatedProduct
+    on fc1's two GEMMs (from 3 rows per feature) or LeanGatedPairs on its one GEMM's pairs
+    (below); below one row per feature, or without gate ops, as autograd's nodes."""
     d = 16
     assert small_step.splits_the_weight(48, d) and not small_step.splits_the_weight(47, d)
     assert small_step.LEAN_MIN_ROWS_PER_FEATURE == 1
@@ -300,4 +360,5 @@ def test_gated_activations_with_gate_ops_take_the_lean_product(name, rows, lean)
     y = small_step.small_step(x, torch.randn(16, d), None, torch.randn(5, 8), None, act)
     fc2_inputs = [fn for fn, _ in y.grad_fn.next_functions if fn is not None]
     names = {type(fn).__name__ for fn in fc2_inputs}
-    assert any(n.startswith("LeanGatedProduct") for n in names) == lean, names
+    lean = {n.removesuffix("Backward") for n in names if n.startswith("LeanGated")}
+    assert lean == ({want} if want else set()), names

@@ -7,11 +7,12 @@ activation splits them decides the backward's kernels: unbind's backward is a st
 interleaved layout (one copy kernel storing 2-byte elements at a 4-byte stride), where eager's
 chunk of contiguous halves is a cat. The layer's small step (small_step.py) picks between its
 gate_and_up_in_place and gate_and_up_by_two_gemms by rows per input feature, and from one row
-per feature runs its lean activation (LeanGatedProduct) on either. Beside it: both splits with
-autograd's nodes and with the lean product for the activation, other ways to split (a
-transposed unbind, a W1 copy in halves, two GEMMs on slices of W1), other ways to keep only gate
-and up for backward (a Python backward, fc2 recomputed) and a second copy of eager, whose ratio
-to eager is the run's own spread.
+per feature runs its lean activation on either (LeanGatedProduct on the two GEMMs' outputs,
+LeanGatedPairs on the one GEMM's interleaved output, its gradient written into pairs, no stack).
+Beside it: both splits with autograd's nodes and with the lean product for the activation, the
+lean function into pairs, other ways to split (a transposed unbind, a W1 copy in halves, two
+GEMMs on slices of W1), other ways to keep only gate and up for backward (a Python backward, fc2
+recomputed) and a second copy of eager, whose ratio to eager is the run's own spread.
 Each spelling computes the same MLP; each is timed held (as the sweep times) and as a CUDA graph
 (its kernels alone, no host), at the sweep's gated small-step shapes, with its gradients checked
 against eager's and its step's peak memory beside its time.
@@ -27,8 +28,8 @@ from torch import nn
 
 from parallel_mlp.bench.harness import Ctx, l2_bytes, time_with_tflops
 from parallel_mlp.activations import ACTIVATIONS
-from parallel_mlp.small_step import (LeanGatedProduct, gate_and_up_by_two_gemms,
-                                     gate_and_up_in_place)
+from parallel_mlp.small_step import (LeanGatedPairs, LeanGatedProduct,
+                                     gate_and_up_by_two_gemms, gate_and_up_in_place)
 from parallel_mlp.bench.models import (EagerMLP, build_parallel_mlp, chunked_w1, cuda_graphed,
                                        mlp_flops, step_peak_memory, train_step,
                                        weight_grads)
@@ -88,6 +89,15 @@ class SwigluFc2Recomputed(torch.autograd.Function):
 
 def lean_product(g, u, w2):
     return F.linear(LeanGatedProduct.apply(g, u, ACTIVATIONS["swiglu"]), w2)
+
+
+def preact_alone(x, w1):
+    # fc1's interleaved output whole, for a tail that reads its pairs itself
+    return F.linear(x, w1), None
+
+
+def lean_pairs(preact, _, w2):
+    return F.linear(LeanGatedPairs.apply(preact, ACTIVATIONS["swiglu"]), w2)
 
 
 def keeping_halves(g, u, w2):
@@ -159,6 +169,7 @@ def main() -> int:
                                                        keeping_halves),
             "two GEMMs, lean product": Spelled(w1, w2, gate_and_up_by_two_gemms, lean_product),
             "pairs in place, lean product": Spelled(w1, w2, gate_and_up_in_place, lean_product),
+            "pairs, lean into pairs": Spelled(w1, w2, preact_alone, lean_pairs),
             "eager, a second copy": EagerMLP(chunked_w1(w1, True), w2.clone(), "swiglu"),
         }
         if args.with_baselines:
