@@ -23,7 +23,7 @@ def test_lists_every_step_with_its_command():
     steps = [line.split()[0] for line in r.stdout.splitlines()]
     assert steps == ["tests_kernels", "tests_layer", "tests_all", "streamk", "streamk_fill", "configs_small", "gemm", "mlp", "sweep", "sweep_small", "sweep_graphed",
                      "tp", "tp_sp", "profile", "small_step_variants", "timing_spread", "host_step",
-                     "host_phases", "cold", "clock", "full", "ncu"]
+                     "host_stages", "host_phases", "cold", "clock", "full", "ncu"]
     # every step the script defines is listed (a step missing from the list still ran, unseen)
     defined = re.findall(r"^  \[(\w+)\]=", SCRIPT.read_text(), flags=re.M)
     assert sorted(defined) == sorted(steps)
@@ -124,6 +124,13 @@ def test_clock_probe_needs_a_gpu():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")
 def test_timing_spread_needs_a_gpu():
     r = subprocess.run([sys.executable, str(TOOLS / "timing_spread.py")], capture_output=True,
+                       text=True)
+    assert r.returncode != 0 and "needs a CUDA GPU" in r.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")
+def test_host_speed_stages_needs_a_gpu():
+    r = subprocess.run([sys.executable, str(TOOLS / "host_speed_stages.py")], capture_output=True,
                        text=True)
     assert r.returncode != 0 and "needs a CUDA GPU" in r.stderr
 

@@ -46,6 +46,8 @@
 #     host_step      where a host-bound step's time goes, at four small-step shapes of the sweep:
 #                    ours (fused, auto), ours on the torch backend, the small step's ops without
 #                    the layer, and eager, with autograd's device threads on and off (~4 min)
+#     host_stages    tools/host_speed_stages.py: the host's speed after each thing the sweep
+#                    does before its shapes (imports, quack, torch.compile, graphs) (~1.5 min)
 #     host_phases    ours on auto (its small step), the small step's ops alone and eager at two
 #                    host-bound shapes, interleaved rounds, each step's host time split into
 #                    clearing grads, forward and backward, device threads on and off (~2 min)
@@ -82,12 +84,13 @@ declare -A CMD=(
   [timing_spread]="timeout 240 python3 tools/timing_spread.py"
   [host_step]="for s in 512,1024,2816,swiglu 512,1024,512,gelu_tanh_approx 4096,1024,4096,gelu_tanh_approx 512,8192,2752,swiglu; do timeout 150 $BENCH host --step --calls 200 --shape \$s; done"
   [host_phases]="for s in 512,1024,2816,swiglu 4096,1024,4096,gelu_tanh_approx; do timeout 150 $BENCH host --step --phases --calls 100 --shape \$s; done"
+  [host_stages]="timeout 200 python3 tools/host_speed_stages.py"
   [cold]="timeout 120 $BENCH cold --json $OUT/cold.json"
   [clock]="timeout 120 python3 tools/clock_probe.py --h 7168 && timeout 150 python3 tools/clock_probe.py --h 14336"
   [full]="timeout 570 $BENCH --budget-s 420 --json $OUT/bench.json --png $OUT/bench.png"
   [ncu]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 5 --launch-count 5 --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis $BENCH ncu-cases"
 )
-ORDER=(tests_kernels tests_layer tests_all streamk streamk_fill configs_small gemm mlp sweep sweep_small sweep_graphed tp tp_sp profile small_step_variants timing_spread host_step host_phases cold clock full ncu)
+ORDER=(tests_kernels tests_layer tests_all streamk streamk_fill configs_small gemm mlp sweep sweep_small sweep_graphed tp tp_sp profile small_step_variants timing_spread host_step host_stages host_phases cold clock full ncu)
 
 steps=("$@")
 if [ ${#steps[@]} -eq 0 ]; then

@@ -331,9 +331,9 @@ HOST_PROBE_SHAPE = (64, 256)
 def host_probe_us(ctx: Ctx) -> float | None:
     """Host µs per fwd+bwd of a tiny eager MLP (None without CUDA): how fast this process does
     host work. Read at the start, after quack's import and the kernels compiled ahead, and after
-    the last shape: built and timed beside torch.compile's and quack's MLPs, the same eager step
-    ran ~2x slower on the H200 host (`tools/small_step_variants.py --with-baselines`), and the
-    host-bound rows run at that speed."""
+    the last shape: on the H200 host it wanders by up to 2x within one process, with no stage of
+    the sweep to blame (`tools/host_speed_stages.py`), and the host-bound rows run at whatever
+    speed it has then."""
     if not ctx.cuda:
         return None
     from .models import EagerMLP, train_step

@@ -1,0 +1,119 @@
+"""Does anything the sweep does before its shapes slow the process's host work? (GPU needed)
+
+    python3 tools/host_speed_stages.py
+
+Reads the host's µs per fwd+bwd of a tiny eager MLP (the sweep's host probe: min and median of
+five runs of 300 steps) and eager's held step at T=512 d=1024 swiglu (0.05 s x 12 turns) after
+each thing the sweep does, in turn: nothing yet (twice, for the host's own wander), importing the
+benchmark, resolving ours, a CUDA-graph capture, running the fused kernels, quack and
+torch.compile, then gc.freeze() and autograd's device threads off. A stage that slows host work
+would read slower from there on; one run on the H200 host (benchmarks/h200-host-speed-stages.txt)
+found none beyond the host's own wander, and device threads off twice as fast.
+"""
+from __future__ import annotations
+
+import gc
+import sys
+import threading
+import time
+
+import torch
+
+
+def tiny_probe() -> tuple[float, float]:
+    """(min, median) host µs per fwd+bwd of a tiny eager MLP over five runs of 300 steps."""
+    from parallel_mlp.bench.models import EagerMLP, train_step
+    dev = torch.device("cuda")
+    d = 256
+    m = EagerMLP(torch.randn(8 * d, d, device=dev, dtype=torch.bfloat16),
+                 torch.randn(d, 4 * d, device=dev, dtype=torch.bfloat16), "swiglu")
+    x = torch.randn(64, d, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(64, d, device=dev, dtype=torch.bfloat16)
+    best = []
+    for _ in range(5):
+        for _ in range(10):
+            train_step(m, x, dy)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(300):
+            train_step(m, x, dy)
+        best.append((time.perf_counter() - t) / 300 * 1e6)
+        torch.cuda.synchronize()
+    return min(best), sorted(best)[2]
+
+
+def held_eager(T=512, d=1024, h=2816) -> float:
+    """Eager's held fwd+bwd in ms, as the sweep times a host-bound step."""
+    from parallel_mlp.bench.harness import Ctx, time_held
+    from parallel_mlp.bench.models import EagerMLP, train_step
+    dev = torch.device("cuda")
+    ctx = Ctx(device=dev, dtype=torch.bfloat16, tokens=T, d_model=d, configs=[], iters=10,
+              warmup=3, backend="auto", deadline=float("inf"), hold_s=0.05, rounds=12, quiet=True)
+    m = EagerMLP(torch.randn(2 * h, d, device=dev, dtype=torch.bfloat16) * d ** -0.5,
+                 torch.randn(d, h, device=dev, dtype=torch.bfloat16) * h ** -0.5, "swiglu")
+    xs = [torch.randn(T, d, device=dev, dtype=torch.bfloat16, requires_grad=True)
+          for _ in range(2)]
+    dys = [torch.randn(T, d, device=dev, dtype=torch.bfloat16) for _ in range(2)]
+    return time_held(ctx, {"eager": lambda i: train_step(m, xs[i], dys[i])}, 2)["eager"]["ms"]
+
+
+def report(stage: str) -> None:
+    lo, med = tiny_probe()
+    ms = held_eager()
+    print(f"{stage:44s} tiny probe min {lo:6.1f} med {med:6.1f} µs   eager T=512 held "
+          f"{ms * 1e3:6.1f} µs   threads {threading.active_count()}  gc objects "
+          f"{len(gc.get_objects())}", flush=True)
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("host_speed_stages.py needs a CUDA GPU (it times CUDA launches)", file=sys.stderr)
+        return 2
+    torch.zeros(1, device="cuda")
+    report("fresh (torch only)")
+    report("again")
+    import parallel_mlp.bench.sweep  # noqa: F401
+    report("after importing the sweep")
+    from parallel_mlp.bench import harness, quack_baseline
+    from parallel_mlp.bench.models import (EagerMLP, build_parallel_mlp, chunked_w1, cuda_graphed,
+                                           train_step)
+    dev = torch.device("cuda")
+    ctx = harness.Ctx(device=dev, dtype=torch.bfloat16, tokens=0, d_model=0, configs=[],
+                      iters=10, warmup=3, backend="auto", deadline=float("inf"), hold_s=0.1,
+                      rounds=2, quiet=True)
+    harness.probe_ours(ctx)
+    report("after resolving ours")
+    T, d, h = 512, 1024, 2816
+    w1 = (torch.randn(2 * h, d, device=dev) * d ** -0.5).bfloat16()
+    w2 = (torch.randn(d, h, device=dev) * h ** -0.5).bfloat16()
+    x = torch.randn(T, d, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(T, d, device=dev, dtype=torch.bfloat16)
+    g = cuda_graphed(EagerMLP(chunked_w1(w1, True), w2.clone(), "swiglu"), x)
+    for _ in range(3):
+        train_step(g, x, dy)
+    report("after a CUDA-graph capture")
+    fused = build_parallel_mlp(w1, w2, "swiglu", h, backend="cute")
+    for _ in range(3):
+        train_step(fused, x, dy)
+    report("after the fused kernels ran")
+    if quack_baseline.load()[0] is not None:
+        q = quack_baseline.build(w1, w2, "swiglu", h)
+        for _ in range(3):
+            train_step(q, x, dy)
+        report("after quack ran")
+    c = torch.compile(EagerMLP(chunked_w1(w1, True), w2.clone(), "swiglu"), dynamic=False)
+    for _ in range(3):
+        train_step(c, x, dy)
+    report("after torch.compile ran")
+    gc.collect()
+    gc.freeze()
+    report("after gc.freeze()")
+    torch.autograd.set_multithreading_enabled(False)
+    report("autograd device threads off")
+    torch.autograd.set_multithreading_enabled(True)
+    print("threads:", [t.name for t in threading.enumerate()])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
