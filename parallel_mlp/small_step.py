@@ -42,10 +42,10 @@ MAX_FLOP = 1.0e12
 # GEMMs were faster at 8 and slower at 1 (the shapes measured); 3 is about their geometric
 # middle.
 GATE_GEMMS_MIN_ROWS_PER_FEATURE = 3
-# Rows per input feature from which a gated small step keeps gate and up alone (LeanGatedProduct,
-# see small_step): there its step peak fell 12-15% (1 and 8 rows per feature); at 1/2 and 1/16,
-# where the weights' gradients set the peak, 0-2%, for an autograd function's host time
-# (+11 µs per step on a 2-core CPU VM) at steps the host already decides.
+# Rows per input feature from which a gated small step keeps gate and up alone (LeanGatedProduct
+# or LeanGatedPairs, see small_step): there its step peak fell 12-15% (1 and 8 rows per
+# feature); at 1/2 and 1/16, where the weights' gradients set the peak, 0-4% either way, for an
+# autograd function's host time at steps the host already decides.
 LEAN_MIN_ROWS_PER_FEATURE = 1
 
 
@@ -72,8 +72,9 @@ def splits_the_weight(rows: int, in_features: int) -> bool:
 
 
 def keeps_gate_and_up_alone(rows: int, in_features: int) -> bool:
-    """Whether a gated small step (of an activation with gate ops) runs LeanGatedProduct: once
-    its activation is LEAN_MIN_ROWS_PER_FEATURE times fc1's input width."""
+    """Whether a gated small step (of an activation with gate ops) runs a lean function
+    (LeanGatedProduct or LeanGatedPairs): once its activation is LEAN_MIN_ROWS_PER_FEATURE times
+    fc1's input width."""
     return rows >= LEAN_MIN_ROWS_PER_FEATURE * in_features
 
 
@@ -83,9 +84,10 @@ def small_step(x: torch.Tensor, w1: torch.Tensor, b1, w2: torch.Tensor, b2,
 
     Gated, fc1's rows hold interleaved (gate, up) pairs. With few rows per input feature, fc1 is
     one GEMM and the activation reads its output's pairs in place (two strided views of one
-    ``[..., h, 2]`` view); the backward then stacks the two gradients back into pairs, one copy
-    kernel storing 2-byte elements at a 4-byte stride: 0.211 ms at T=8192 d=1024 h=2816, where
-    eager's cat of contiguous halves takes 0.045 (torch.profiler, H200, 2026-12-02, `bench
+    ``[..., h, 2]`` view); autograd's backward through those views stacks the two gradients
+    back into pairs, one copy kernel storing 2-byte elements at a 4-byte stride (which
+    LeanGatedPairs, below, avoids): 0.211 ms at T=8192 d=1024 h=2816, where eager's cat of
+    contiguous halves takes 0.045 (torch.profiler, H200, 2026-12-02, `bench
     profile`). With many rows, fc1 runs instead as two GEMMs on the gate rows and the up rows
     in place (views of W1 with a leading dimension of 2 x in_features, no copy), whose outputs
     are contiguous, and the backward's W1 gradient is one stack of the halves' gradients. Held
@@ -99,26 +101,32 @@ def small_step(x: torch.Tensor, w1: torch.Tensor, b1, w2: torch.Tensor, b2,
     | two GEMMs, weight halves by slices           | 1.06-1.09x        | 0.86x             | 0.50-0.52x          |
     | one GEMM on a copy of W1 in [gate; up] order | 0.93-0.97x        | 0.87x             | 0.66x               |
 
-    From one row per input feature, the activation, where it has gate ops (``a(g) * u``), is
-    :class:`LeanGatedProduct`: autograd keeps g and u, not a(g) too (a quarter less of what the
-    MLP keeps per layer from forward to backward), and the backward writes its gradients into
-    buffers it already holds. Against autograd's nodes for the same split
-    (`tools/small_step_variants.py`, two runs, H200, 2026-12-02; eager against its copy
-    0.975-0.990x):
+    From one row per input feature, the activation, where it has gate ops (``a(g) * u``), is a
+    lean autograd function: autograd keeps g and u, not a(g) too (a quarter less of what the MLP
+    keeps per layer from forward to backward), and the backward recomputes a(g) into its
+    gradient's own buffer (:func:`lean_gradients_into`): :class:`LeanGatedProduct` on the two
+    GEMMs' outputs, :class:`LeanGatedPairs` on the one GEMM's interleaved output, whose
+    gradient it writes straight into pairs (no stack). Against autograd's nodes for the same
+    split (`tools/small_step_variants.py`, held 0.5 s x 2 and CUDA-graphed, H200, 2026-12-02,
+    three runs; eager against its copy 0.975-0.994x held, 1.003-1.009x graphed):
 
-    | eager / spelling, step peak MiB     | T=8192 d=1024 (two GEMMs) | T=2048 d=2048 (pairs) | T=512 d=8192 (pairs) |
-    | ----------------------------------- | ------------------------- | --------------------- | -------------------- |
-    | autograd's nodes                    | 1.077-1.092x, 302.0       | 0.967-0.978x, 94.0    | 0.910-0.988x, 158.5-159.5 |
-    | lean (g and u kept)                 | 1.048-1.076x, 258.0       | 0.943-0.952x, 83.0    | 0.965-0.985x, 159.5       |
-    | eager                               | 1.000x, 301.5             | 1.000x, 93.0          | 1.000x, 158.5-159.5       |
+    | eager / spelling: held, graphed; step peak MiB | T=8192 d=1024 (two GEMMs) | T=2048 d=2048 (pairs) |
+    | ---------------------------------------------- | ------------------------- | --------------------- |
+    | autograd's nodes                               | 1.077-1.097x, 1.101-1.123x; 302.0 | 0.967-0.979x, 0.985-0.986x; 94.0 |
+    | LeanGatedProduct                               | 1.048-1.076x, 1.067-1.091x; 257.5-258.0 | on unbind's views: 0.943-0.952x, 0.960-0.968x; 83.0 |
+    | LeanGatedPairs                                 | (1.096 ms: 0.901x, 0.914x; 257.5) | 0.941-0.950x, 0.963-0.997x; 82.0-83.0 |
+    | eager                                          | 1.000x; 301.5             | 1.000x; 93.0          |
 
-    quack's MLP peaked at 257.5 and 83.0 MiB at the first two (the shape sweep). The lean
-    backward recomputes a(g), one more elementwise pass (about 3% of the T=8192 step,
-    CUDA-graphed), and is a Python autograd function (+11 µs of host time per step on a 2-core
-    CPU VM at T=8 d=16: 66.3 -> 77.1 µs, minimums of 15 interleaved rounds of 500 steps). It brings the step to quack's memory where the activation sets the peak;
-    below one row per feature the weights' gradients set it (T=512 d=8192: 159.5 MiB either
-    way, eager's second copy 159.5 beside eager's 158.5; T=512 d=1024: 26.0 against 26.5) and
-    the step is the host's, so autograd's nodes stay there.
+    quack's MLP peaked at 257.5 and 83.0 MiB there (the shape sweep). The recompute of a(g) is
+    one more elementwise pass (about 3% of the T=8192 step, CUDA-graphed); at T=2048 writing
+    into pairs saves the stack and gains that back (graphed 0.997x against the nodes' 0.986x).
+    Each lean function is Python on autograd's device thread, which costs the host time
+    (+10-30 µs per step on a 2-core CPU VM at T=8 d=16 against the nodes, minimums of 15
+    interleaved rounds of 500 steps; held against graphed at T=2048: 0.950x against 0.997x). It
+    brings the step to quack's memory where the activation sets the peak; below one row per
+    feature the weights' gradients set it (T=512 d=8192: 159.4-159.6 MiB for every spelling and
+    eager; T=512 d=1024: 25.0-26.0 for every spelling and eager, the caching allocator's
+    rounding) and the step is the host's, so autograd's nodes stay there.
     """
     if not act.gated:
         return F.linear(act.autograd_forward(F.linear(x, w1, b1)), w2, b2)

@@ -69,7 +69,8 @@ def _fused(y) -> bool:
     return type(y.grad_fn).__name__.startswith("ParallelMLPFunction")
 
 
-# 1000 tokens: gated fc1 as one GEMM; 3001 (over 3 per input feature): as two GEMMs.
+# 1000 tokens (one per input feature): gated fc1 as one GEMM, the activation LeanGatedPairs;
+# 3001 (over 3 per input feature): as two GEMMs, the activation LeanGatedProduct.
 @pytest.mark.parametrize("activation,tokens", [("swiglu", TOKENS), ("gelu_tanh_approx", TOKENS),
                                                ("swiglu", 3001)])
 def test_auto_runs_a_small_step_as_plain_ops_within_tolerance(activation, tokens):
