@@ -82,8 +82,8 @@ def test_an_activation_without_a_torch_spelling_uses_its_formula():
 
 
 # Awkward sizes: rows not a multiple of anything, odd widths, a 3-D input; fewer rows than
-# in_features (15 on 24: autograd's nodes for the gated activation), more (40: the lean product on
-# the pairs read in place), and enough for gated fc1 as two GEMMs (96, with the lean product).
+# in_features (15 on 24: autograd's nodes for the gated activation), more (40: LeanGatedPairs on
+# fc1's one GEMM), and enough for gated fc1 as two GEMMs (96, with LeanGatedProduct).
 @pytest.mark.parametrize("lead", [(3, 5), (4, 10), (8, 12)])
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("name", ["swiglu", "gelu_tanh_approx", "swiglu_oai", "relu_sq", "reglu",
@@ -362,3 +362,29 @@ def test_gated_activations_with_gate_ops_take_a_lean_function(name, rows, want):
     names = {type(fn).__name__ for fn in fc2_inputs}
     lean = {n.removesuffix("Backward") for n in names if n.startswith("LeanGated")}
     assert lean == ({want} if want else set()), names
+
+
+@pytest.mark.parametrize("rows", [15, 40, 96])  # autograd's nodes, LeanGatedPairs, two GEMMs
+@pytest.mark.parametrize("name", ["swiglu", "geglu"])
+def test_small_step_under_bf16_autocast_keeps_fp32_gradients_near_the_reference(name, rows):
+    """Under autocast (as the example trains on a GPU), fc1 and fc2 run in bf16 on fp32 weights:
+    the lean functions then see bf16 tensors, and every gradient comes back in its leaf's fp32,
+    within bf16 rounding of the fp64 reference (CPU autocast)."""
+    g = torch.Generator().manual_seed(5)
+    d, h, d_out = 24, 16, 8
+    x = torch.randn(rows, d, generator=g)
+    w1 = torch.randn(2 * h, d, generator=g) / d ** 0.5
+    w2 = torch.randn(d_out, h, generator=g) / h ** 0.5
+    dy = torch.randn(rows, d_out, generator=g)
+    leaves = [t.clone().requires_grad_() for t in (x, w1, w2)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = small_step.small_step(leaves[0], leaves[1], None, leaves[2], None, ACTIVATIONS[name])
+    assert y.dtype == torch.bfloat16
+    y.backward(dy.bfloat16())
+    want_y, want = reference.mlp_with_grads(x.double(), w1.double(), w2.double(), name,
+                                            dy=dy.double())
+    torch.testing.assert_close(y.double(), want_y, rtol=0.05, atol=0.05)
+    for key, leaf in zip(("x", "w1", "w2"), leaves):
+        assert leaf.grad.dtype == torch.float32, key
+        err = (leaf.grad.double() - want[key]).norm() / want[key].norm()
+        assert err < 2e-2, f"{name} rows={rows} grad of {key}: relative error {err:.3g}"
