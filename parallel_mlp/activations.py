@@ -197,7 +197,8 @@ def _silu_into(out, g):
 
 
 def _relu_into(out, g):
-    torch.ops.aten.relu.out(g, out=out)
+    # aten's relu is clamp_min(g, 0), whose out variant every supported torch has
+    torch.clamp_min(g, 0, out=out)
 
 
 def _gelu_tanh_into(out, g):
