@@ -120,9 +120,11 @@ def small_step(x: torch.Tensor, w1: torch.Tensor, b1, w2: torch.Tensor, b2,
     quack's MLP peaked at 257.5 and 83.0 MiB there (the shape sweep). The recompute of a(g) is
     one more elementwise pass (about 3% of the T=8192 step, CUDA-graphed); at T=2048 writing
     into pairs saves the stack and gains that back (graphed 0.997x against the nodes' 0.986x).
-    Each lean function is Python on autograd's device thread, which costs the host time
-    (+10-30 µs per step on a 2-core CPU VM at T=8 d=16 against the nodes, minimums of 15
-    interleaved rounds of 500 steps; held against graphed at T=2048: 0.950x against 0.997x). It
+    Each lean function is Python on autograd's device thread, which costs the host time: on a
+    2-core CPU VM at swiglu T=8 d=16 on the pairs, autograd's nodes 65-70 µs per step,
+    LeanGatedPairs 76-81, LeanGatedProduct on unbind's views 80-86, eager 59-62 (minimums of 31
+    interleaved rounds of 500 steps, three runs, 2026-12-02); on the H200 at T=2048, held
+    against graphed, 0.950x against 0.997x. It
     brings the step to quack's memory where the activation sets the peak; below one row per
     feature the weights' gradients set it (T=512 d=8192: 159.4-159.6 MiB for every spelling and
     eager; T=512 d=1024: 25.0-26.0 for every spelling and eager, the caching allocator's
