@@ -1,6 +1,7 @@
 """tools/gpu_run.sh, the one-call GPU check: its step list and its refusal of unknown steps (the
 steps themselves need a GPU)."""
 
+import os
 import re
 import subprocess
 import sys
@@ -155,3 +156,28 @@ def test_small_step_variants_refuses_bad_shapes():
     r = subprocess.run([sys.executable, str(TOOLS / "small_step_variants.py"), "--check-only",
                         "--shapes", "512x1024"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--shapes must be TxDxH" in r.stderr
+
+
+def _host_speed_stages():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("host_speed_stages",
+                                                  TOOLS / "host_speed_stages.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_host_speed_stages_reads_each_threads_last_cpu(tmp_path):
+    """thread_cpus parses field 39 of each task's stat, names with spaces and parentheses
+    included; on this machine it finds the main thread on a real CPU."""
+    stages = _host_speed_stages()
+    fields = ["S"] + [str(i) for i in range(4, 39)] + ["7", "0", "0"]  # field 39 = 7
+    for tid, name in (("12", "python"), ("13", "pt (autograd) 0")):
+        (tmp_path / tid).mkdir()
+        (tmp_path / tid / "stat").write_text(f"{tid} ({name}) " + " ".join(fields) + "\n")
+    assert stages.thread_cpus(str(tmp_path)) == [("python", 7), ("pt (autograd) 0", 7)]
+    if os.path.isdir("/proc/self/task"):
+        cpus = dict((name, cpu) for name, cpu in stages.thread_cpus())
+        assert cpus and all(0 <= cpu < 4096 for cpu in cpus.values())
+        assert stages.placement().startswith("main cpu ")

@@ -8,11 +8,15 @@ each thing the sweep does, in turn: nothing yet (twice, for the host's own wande
 benchmark, resolving ours, a CUDA-graph capture, running the fused kernels, quack and
 torch.compile, then gc.freeze() and autograd's device threads off. A stage that slows host work
 would read slower from there on; one run on the H200 host (benchmarks/h200-host-speed-stages.txt)
-found none beyond the host's own wander, and device threads off twice as fast.
+found none beyond the host's own wander, and device threads off twice as fast. Each line also
+names the CPU (and its core's SMT siblings) that the main thread and autograd's CUDA thread last
+ran on: whether the two share a core is the next suspect for why one process runs host work
+twice as fast as another on the same machine.
 """
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import threading
 import time
@@ -57,12 +61,50 @@ def held_eager(T=512, d=1024, h=2816) -> float:
     return time_held(ctx, {"eager": lambda i: train_step(m, xs[i], dys[i])}, 2)["eager"]["ms"]
 
 
+def thread_cpus(task_dir: str = "/proc/self/task") -> list[tuple[str, int]]:
+    """(name, CPU it last ran on) of each of this process's threads (Linux: field 39 of
+    /proc/self/task/<tid>/stat). The autograd engine's CUDA thread is "pt_autograd_0"; where it
+    sits against the main thread is one suspect for the host's speed differing between
+    processes (a hand-over between cores costs more than one within a core)."""
+    out = []
+    for tid in sorted(os.listdir(task_dir), key=int):
+        try:
+            with open(os.path.join(task_dir, tid, "stat")) as f:
+                stat = f.read()
+        except OSError:  # the thread ended meanwhile
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        after_name = stat[stat.rindex(")") + 2:].split()  # from field 3 (state) on
+        out.append((name, int(after_name[39 - 3])))
+    return out
+
+
+def core_of(cpu: int) -> str:
+    """The physical core a CPU belongs to, as its SMT siblings' list ("?" where unknown)."""
+    try:
+        with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list") as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
+
+
+def placement() -> str:
+    """The main thread's and autograd's threads' last CPUs, with their cores."""
+    main = os.getpid()
+    named = [(n, c) for n, c in thread_cpus() if n.startswith("pt_autograd")]
+    with open(f"/proc/self/task/{main}/stat") as f:
+        main_cpu = int(f.read().rsplit(")", 1)[1].split()[39 - 3])
+    parts = [f"main cpu {main_cpu} (core {core_of(main_cpu)})"]
+    parts += [f"{n} cpu {c} (core {core_of(c)})" for n, c in named]
+    return ", ".join(parts)
+
+
 def report(stage: str) -> None:
     lo, med = tiny_probe()
     ms = held_eager()
     print(f"{stage:44s} tiny probe min {lo:6.1f} med {med:6.1f} µs   eager T=512 held "
           f"{ms * 1e3:6.1f} µs   threads {threading.active_count()}  gc objects "
-          f"{len(gc.get_objects())}", flush=True)
+          f"{len(gc.get_objects())}   {placement()}", flush=True)
 
 
 def main() -> int:
