@@ -201,18 +201,18 @@ class LeanGatedPairs(torch.autograd.Function):
     def forward(ctx, preact: torch.Tensor, act: Activation) -> torch.Tensor:
         ctx.save_for_backward(preact)
         ctx.act = act
-        g, u = preact[..., 0::2], preact[..., 1::2]
+        g, u = interleaved_pairs(preact)
         return act.gate.forward(g).mul_(u)
 
     @staticmethod
     def backward(ctx, dpost: torch.Tensor):
         (preact,) = ctx.saved_tensors
-        g, u = preact[..., 0::2], preact[..., 1::2]
+        g, u = interleaved_pairs(preact)
         if torch.is_grad_enabled():  # create_graph: gradients that are themselves differentiable
             dfdg, dfdu = ctx.act.grad(g, u, TORCH_MATH)
             return torch.stack((dpost * dfdg, dpost * dfdu), dim=-1).flatten(-2), None
         dpreact = torch.empty_like(preact, memory_format=torch.contiguous_format)
-        lean_gradients_into(dpreact[..., 0::2], dpreact[..., 1::2], g, u, dpost, ctx.act.gate)
+        lean_gradients_into(*interleaved_pairs(dpreact), g, u, dpost, ctx.act.gate)
         return dpreact, None
 
 
