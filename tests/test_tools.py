@@ -176,8 +176,9 @@ def test_host_speed_stages_reads_each_threads_last_cpu(tmp_path):
     for tid, name in (("12", "python"), ("13", "pt (autograd) 0")):
         (tmp_path / tid).mkdir()
         (tmp_path / tid / "stat").write_text(f"{tid} ({name}) " + " ".join(fields) + "\n")
-    assert stages.thread_cpus(str(tmp_path)) == [("python", 7), ("pt (autograd) 0", 7)]
+    assert stages.thread_cpus(str(tmp_path)) == {12: ("python", 7), 13: ("pt (autograd) 0", 7)}
     if os.path.isdir("/proc/self/task"):
-        cpus = dict((name, cpu) for name, cpu in stages.thread_cpus())
-        assert cpus and all(0 <= cpu < 4096 for cpu in cpus.values())
+        threads = stages.thread_cpus()
+        assert os.getpid() in threads
+        assert all(0 <= cpu < 4096 for _, cpu in threads.values())
         assert stages.placement().startswith("main cpu ")

@@ -61,12 +61,12 @@ def held_eager(T=512, d=1024, h=2816) -> float:
     return time_held(ctx, {"eager": lambda i: train_step(m, xs[i], dys[i])}, 2)["eager"]["ms"]
 
 
-def thread_cpus(task_dir: str = "/proc/self/task") -> list[tuple[str, int]]:
-    """(name, CPU it last ran on) of each of this process's threads (Linux: field 39 of
+def thread_cpus(task_dir: str = "/proc/self/task") -> dict[int, tuple[str, int]]:
+    """{thread id: (name, CPU it last ran on)} of this process's threads (Linux: field 39 of
     /proc/self/task/<tid>/stat). The autograd engine's CUDA thread is "pt_autograd_0"; where it
     sits against the main thread is one suspect for the host's speed differing between
     processes (a hand-over between cores costs more than one within a core)."""
-    out = []
+    out = {}
     for tid in sorted(os.listdir(task_dir), key=int):
         try:
             with open(os.path.join(task_dir, tid, "stat")) as f:
@@ -75,7 +75,7 @@ def thread_cpus(task_dir: str = "/proc/self/task") -> list[tuple[str, int]]:
             continue
         name = stat[stat.index("(") + 1:stat.rindex(")")]
         after_name = stat[stat.rindex(")") + 2:].split()  # from field 3 (state) on
-        out.append((name, int(after_name[39 - 3])))
+        out[int(tid)] = (name, int(after_name[39 - 3]))
     return out
 
 
@@ -90,12 +90,11 @@ def core_of(cpu: int) -> str:
 
 def placement() -> str:
     """The main thread's and autograd's threads' last CPUs, with their cores."""
-    main = os.getpid()
-    named = [(n, c) for n, c in thread_cpus() if n.startswith("pt_autograd")]
-    with open(f"/proc/self/task/{main}/stat") as f:
-        main_cpu = int(f.read().rsplit(")", 1)[1].split()[39 - 3])
+    threads = thread_cpus()
+    main_cpu = threads[os.getpid()][1]  # the main thread's id is the process id
     parts = [f"main cpu {main_cpu} (core {core_of(main_cpu)})"]
-    parts += [f"{n} cpu {c} (core {core_of(c)})" for n, c in named]
+    parts += [f"{name} cpu {cpu} (core {core_of(cpu)})" for name, cpu in threads.values()
+              if name.startswith("pt_autograd")]
     return ", ".join(parts)
 
 
