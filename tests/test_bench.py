@@ -225,6 +225,33 @@ def test_time_held_runs_each_fn_in_holds():
         assert res["iters"] == 2 * (calls - calls // 4)
 
 
+def test_ratio_pairs_held_timings_round_by_round():
+    """Two held timings compare round by round: a host that wanders between rounds (1, 2, 3 ms)
+    and one slow turn of one side (round 2) leave the paired ratio at the true 1/1.1, where the
+    ratio of the two medians reads 2.0 / 3.3. Without per-round holds, or with different
+    numbers of them, it is the ratio of the times."""
+    from parallel_mlp.bench.harness import ratio
+
+    base = {"ms": 2.0, "holds_ms": [1.0, 2.0, 3.0]}
+    other = {"ms": 3.3, "holds_ms": [1.1, 4.0, 3.3]}
+    assert ratio(base, other) == pytest.approx(1 / 1.1)
+    assert ratio({"ms": 2.0}, {"ms": 3.3}) == pytest.approx(2.0 / 3.3)
+    assert ratio(base, {"ms": 3.3, "holds_ms": [1.1, 4.0]}) == pytest.approx(2.0 / 3.3)
+    assert ratio(base, None) is None and ratio({"error": "x"}, other) is None
+
+
+def test_time_held_keeps_each_rounds_hold():
+    from parallel_mlp.bench import harness
+
+    clock = FakeClock()
+    ctx = cpu_ctx(iters=3, warmup=0, clock=clock)
+    ctx.hold_s, ctx.rounds = 2 ** -6, 3
+    fns = {n: clock.call_taking(t, [], n) for n, t in (("a", 2 ** -9), ("b", 2 ** -10))}
+    out = harness.time_side_by_side(ctx, fns)
+    assert out["a"]["holds_ms"] == [1000 * 2 ** -9] * 3
+    assert harness.ratio(out["a"], out["b"]) == 2.0
+
+
 def test_held_turns_reverse_every_round_so_each_fns_mean_place_is_the_same():
     from parallel_mlp.bench import harness
     from parallel_mlp.bench.timing import turn_order

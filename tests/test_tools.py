@@ -24,7 +24,7 @@ def test_lists_every_step_with_its_command():
     steps = [line.split()[0] for line in r.stdout.splitlines()]
     assert steps == ["tests_kernels", "tests_layer", "tests_all", "streamk", "streamk_fill", "configs_small", "gemm", "mlp", "sweep", "sweep_small", "sweep_graphed",
                      "tp", "tp_sp", "profile", "small_step_variants", "timing_spread", "host_step",
-                     "host_stages", "host_phases", "cold", "clock", "full", "ncu"]
+                     "host_stages", "host_env", "host_phases", "cold", "clock", "full", "ncu"]
     # every step the script defines is listed (a step missing from the list still ran, unseen)
     defined = re.findall(r"^  \[(\w+)\]=", SCRIPT.read_text(), flags=re.M)
     assert sorted(defined) == sorted(steps)
@@ -182,3 +182,23 @@ def test_host_speed_stages_reads_each_threads_last_cpu(tmp_path):
         assert os.getpid() in threads
         assert all(0 <= cpu < 4096 for _, cpu in threads.values())
         assert stages.placement().startswith("main cpu ")
+
+
+def test_host_speed_stages_counts_faults_and_switches_per_step():
+    """rusage_per_step: the differences of two getrusage readings, per step, by field."""
+    import resource
+    from types import SimpleNamespace
+
+    stages = _host_speed_stages()
+    before = SimpleNamespace(ru_minflt=100, ru_nvcsw=10, ru_nivcsw=1)
+    after = SimpleNamespace(ru_minflt=400, ru_nvcsw=610, ru_nivcsw=31)
+    assert stages.rusage_per_step(before, after, 300) == {"faults": 1.0, "waits": 2.0,
+                                                          "preempted": 0.1}
+    now = resource.getrusage(resource.RUSAGE_SELF)
+    assert all(v == 0 for v in stages.rusage_per_step(now, now, 1).values())
+
+
+def test_host_speed_stages_quick_flag_parses():
+    r = subprocess.run([sys.executable, str(TOOLS / "host_speed_stages.py"), "--quick"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr

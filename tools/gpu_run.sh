@@ -48,6 +48,10 @@
 #                    the layer, and eager, with autograd's device threads on and off (~4 min)
 #     host_stages    tools/host_speed_stages.py: the host's speed after each thing the sweep
 #                    does before its shapes (imports, quack, torch.compile, graphs) (~1.5 min)
+#     host_env       tools/host_speed_stages.py --quick in three fresh processes: as started, with
+#                    MALLOC_ARENA_MAX=1, and with glibc's mmap and trim thresholds fixed at 1 GiB
+#                    (no heap trimmed and grown back per step); each reads its page faults and
+#                    context switches per step (~1 min)
 #     host_phases    ours on auto (its small step), the small step's ops alone and eager at two
 #                    host-bound shapes, interleaved rounds, each step's host time split into
 #                    clearing grads, forward and backward, device threads on and off (~2 min)
@@ -85,12 +89,13 @@ declare -A CMD=(
   [host_step]="for s in 512,1024,2816,swiglu 512,1024,512,gelu_tanh_approx 4096,1024,4096,gelu_tanh_approx 512,8192,2752,swiglu; do timeout 150 $BENCH host --step --calls 200 --shape \$s; done"
   [host_phases]="for s in 512,1024,2816,swiglu 4096,1024,4096,gelu_tanh_approx; do timeout 150 $BENCH host --step --phases --calls 100 --shape \$s; done"
   [host_stages]="timeout 200 python3 tools/host_speed_stages.py"
+  [host_env]="timeout 60 python3 tools/host_speed_stages.py --quick; MALLOC_ARENA_MAX=1 timeout 60 python3 tools/host_speed_stages.py --quick; MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=1073741824 timeout 60 python3 tools/host_speed_stages.py --quick"
   [cold]="timeout 120 $BENCH cold --json $OUT/cold.json"
   [clock]="timeout 120 python3 tools/clock_probe.py --h 7168 && timeout 150 python3 tools/clock_probe.py --h 14336"
   [full]="timeout 570 $BENCH --budget-s 420 --json $OUT/bench.json --png $OUT/bench.png"
   [ncu]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 5 --launch-count 5 --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis $BENCH ncu-cases"
 )
-ORDER=(tests_kernels tests_layer tests_all streamk streamk_fill configs_small gemm mlp sweep sweep_small sweep_graphed tp tp_sp profile small_step_variants timing_spread host_step host_stages host_phases cold clock full ncu)
+ORDER=(tests_kernels tests_layer tests_all streamk streamk_fill configs_small gemm mlp sweep sweep_small sweep_graphed tp tp_sp profile small_step_variants timing_spread host_step host_stages host_env host_phases cold clock full ncu)
 
 steps=("$@")
 if [ ${#steps[@]} -eq 0 ]; then

@@ -1,6 +1,6 @@
 """Does anything the sweep does before its shapes slow the process's host work? (GPU needed)
 
-    python3 tools/host_speed_stages.py
+    python3 tools/host_speed_stages.py [--quick]
 
 Reads the host's µs per fwd+bwd of a tiny eager MLP (the sweep's host probe: min and median of
 five runs of 300 steps) and eager's held step at T=512 d=1024 swiglu (0.05 s x 12 turns) after
@@ -11,12 +11,18 @@ would read slower from there on; one run on the H200 host (benchmarks/h200-host-
 found none beyond the host's own wander, and device threads off twice as fast. Each line also
 names the CPU (and its core's SMT siblings) that the main thread and autograd's CUDA thread last
 ran on: whether the two share a core is the next suspect for why one process runs host work
-twice as fast as another on the same machine.
+twice as fast as another on the same machine. And each line counts, per step of the tiny probe,
+the process's minor page faults and voluntary and involuntary context switches (getrusage): a
+heap that glibc trims and grows back every step, or threads that sleep and wake at every
+hand-over, would show there. ``--quick`` reads a fresh process and device threads off alone (~15
+s), to compare processes started differently (e.g. with glibc's MALLOC_* tunables).
 """
 from __future__ import annotations
 
+import argparse
 import gc
 import os
+import resource
 import sys
 import threading
 import time
@@ -24,8 +30,9 @@ import time
 import torch
 
 
-def tiny_probe() -> tuple[float, float]:
-    """(min, median) host µs per fwd+bwd of a tiny eager MLP over five runs of 300 steps."""
+def tiny_probe() -> tuple[float, float, dict[str, float]]:
+    """(min, median) host µs per fwd+bwd of a tiny eager MLP over five runs of 300 steps, and
+    the process's page faults and context switches per step over those runs (rusage_per_step)."""
     from parallel_mlp.bench.models import EagerMLP, train_step
     dev = torch.device("cuda")
     d = 256
@@ -34,6 +41,7 @@ def tiny_probe() -> tuple[float, float]:
     x = torch.randn(64, d, device=dev, dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(64, d, device=dev, dtype=torch.bfloat16)
     best = []
+    before = resource.getrusage(resource.RUSAGE_SELF)
     for _ in range(5):
         for _ in range(10):
             train_step(m, x, dy)
@@ -43,7 +51,19 @@ def tiny_probe() -> tuple[float, float]:
             train_step(m, x, dy)
         best.append((time.perf_counter() - t) / 300 * 1e6)
         torch.cuda.synchronize()
-    return min(best), sorted(best)[2]
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    return min(best), sorted(best)[2], rusage_per_step(before, after, 5 * 310)
+
+
+RUSAGE_FIELDS = {"ru_minflt": "faults", "ru_nvcsw": "waits", "ru_nivcsw": "preempted"}
+
+
+def rusage_per_step(before, after, steps: int) -> dict[str, float]:
+    """Per step between two getrusage readings: minor page faults ("faults"), voluntary context
+    switches (a thread slept: "waits") and involuntary ones (a thread was descheduled:
+    "preempted"), summed over the process's threads."""
+    return {name: (getattr(after, field) - getattr(before, field)) / steps
+            for field, name in RUSAGE_FIELDS.items()}
 
 
 def held_eager(T=512, d=1024, h=2816) -> float:
@@ -99,20 +119,34 @@ def placement() -> str:
 
 
 def report(stage: str) -> None:
-    lo, med = tiny_probe()
+    lo, med, per_step = tiny_probe()
     ms = held_eager()
+    counts = "  ".join(f"{k} {v:5.2f}" for k, v in per_step.items())
     print(f"{stage:44s} tiny probe min {lo:6.1f} med {med:6.1f} µs   eager T=512 held "
-          f"{ms * 1e3:6.1f} µs   threads {threading.active_count()}  gc objects "
-          f"{len(gc.get_objects())}   {placement()}", flush=True)
+          f"{ms * 1e3:6.1f} µs   per step: {counts}   threads {threading.active_count()}  "
+          f"gc objects {len(gc.get_objects())}   {placement()}", flush=True)
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true",
+                   help="a fresh process and device threads off only (~15 s)")
+    args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("host_speed_stages.py needs a CUDA GPU (it times CUDA launches)", file=sys.stderr)
         return 2
     torch.zeros(1, device="cuda")
+    tunables = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items())
+                        if k.startswith(("MALLOC_", "GLIBC_TUNABLES")))
+    print(f"glibc {os.confstr('CS_GNU_LIBC_VERSION')}; {tunables or 'no malloc tunables set'}",
+          flush=True)
     report("fresh (torch only)")
     report("again")
+    if args.quick:
+        torch.autograd.set_multithreading_enabled(False)
+        report("autograd device threads off")
+        torch.autograd.set_multithreading_enabled(True)
+        return 0
     import parallel_mlp.bench.sweep  # noqa: F401
     report("after importing the sweep")
     from parallel_mlp.bench import harness, quack_baseline

@@ -168,9 +168,10 @@ def time_held(ctx: Ctx, fns: dict[str, Callable], n_sets: int = 1) -> dict[str, 
     rounds in which each fn in turn runs back to back for ctx.hold_s seconds (input sets cycling;
     the order reverses every round, timing.turn_order).
     A hold's time is the median of its settled calls (timing.settled); a fn's ``ms`` is
-    the median of its holds, ``min_ms`` / ``max_ms`` the extremes of its holds' medians, and
-    ``iters`` the calls timed. Returns the same keys as the call-by-call timing, plus ``hold_s``
-    and ``rounds``."""
+    the median of its holds, ``min_ms`` / ``max_ms`` the extremes of its holds' medians,
+    ``holds_ms`` the holds' medians round by round (for :func:`ratio`'s pairing), and ``iters``
+    the calls timed. Returns the same keys as the call-by-call timing, plus ``hold_s`` and
+    ``rounds``."""
     for i in range(ctx.warmup):
         for fn in fns.values():
             fn(i % n_sets)
@@ -185,7 +186,7 @@ def time_held(ctx: Ctx, fns: dict[str, Callable], n_sets: int = 1) -> dict[str, 
             holds[name].append(statistics.median(kept))
             counted[name] += len(kept)
     return {name: {"ms": statistics.median(h), "min_ms": min(h), "max_ms": max(h),
-                   "iters": counted[name], "input_sets": n_sets, "hold_s": ctx.hold_s,
+                   "holds_ms": h, "iters": counted[name], "input_sets": n_sets, "hold_s": ctx.hold_s,
                    "rounds": ctx.rounds} for name, h in holds.items()}
 
 
@@ -251,11 +252,23 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def ratio(base: dict | None, other: dict | None) -> float | None:
-    """base time / other time: other's throughput relative to base (None if either is missing)."""
+    """base time / other time: other's throughput relative to base (None if either is missing).
+
+    Two held timings of one run (time_held) pair up round by round: the median over rounds of
+    base's hold / other's hold in that round. A round's turns lie within a second of each
+    other, so a host or clock that wanders over seconds moves both sides of each pair alike,
+    where the ratio of the two medians can take them from different phases of the wander. At the
+    sweep's host-bound steps (32 turns of 0.05 s) eager against a second copy of itself read
+    0.89-1.21x as a ratio of medians (H200, 2026-12-02, `bench sweep`); see the sweep's JSON for
+    the paired reading."""
     if not (isinstance(base, dict) and isinstance(other, dict)):
         return None
     if "ms" not in base or "ms" not in other:
         return None
+    pairs = list(zip(base.get("holds_ms") or (), other.get("holds_ms") or ()))
+    if (len(pairs) >= 2 and len(base["holds_ms"]) == len(other["holds_ms"])
+            and all(o > 0 for _, o in pairs)):
+        return statistics.median(b / o for b, o in pairs)
     return base["ms"] / other["ms"]
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import textwrap
 
+from .harness import ratio
 from .report import Notes, num, run_lines, save_figure, table, timing_line
 
 VARIANT_NAMES = {"ours": "ours", "ours_fused": "ours, fused kernels",
@@ -24,11 +25,11 @@ def _ms(m) -> float | None:
 
 
 def ours_over(row: dict, baseline: str, variant: str = "ours") -> float | None:
-    """baseline's time / ours' (default mode, or the variant named) at this row: > 1 where ours
-    is faster."""
+    """baseline's time / ours' (default mode, or the variant named) at this row, paired round by
+    round where both were held side by side (harness.ratio): > 1 where ours is faster."""
     v = row.get("variants", {})
-    ours, base = _ms(v.get(variant)), _ms(v.get(baseline))
-    return base / ours if ours and base else None
+    ours, base = v.get(variant), v.get(baseline)
+    return ratio(base, ours) if _ms(ours) and _ms(base) else None
 
 
 def _header(results: dict) -> list[str]:
