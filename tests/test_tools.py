@@ -168,22 +168,6 @@ def _host_speed_stages():
     return module
 
 
-def test_host_speed_stages_reads_each_threads_last_cpu(tmp_path):
-    """thread_cpus parses field 39 of each task's stat, names with spaces and parentheses
-    included; on this machine it finds the main thread on a real CPU."""
-    stages = _host_speed_stages()
-    fields = ["S"] + [str(i) for i in range(4, 39)] + ["7", "0", "0"]  # field 39 = 7
-    for tid, name in (("12", "python"), ("13", "pt (autograd) 0")):
-        (tmp_path / tid).mkdir()
-        (tmp_path / tid / "stat").write_text(f"{tid} ({name}) " + " ".join(fields) + "\n")
-    assert stages.thread_cpus(str(tmp_path)) == {12: ("python", 7), 13: ("pt (autograd) 0", 7)}
-    if os.path.isdir("/proc/self/task"):
-        threads = stages.thread_cpus()
-        assert os.getpid() in threads
-        assert all(0 <= cpu < 4096 for _, cpu in threads.values())
-        assert stages.placement().startswith("main cpu ")
-
-
 def test_host_speed_stages_counts_faults_and_switches_per_step():
     """rusage_per_step: the differences of two getrusage readings, per step, by field."""
     import resource

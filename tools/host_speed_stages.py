@@ -29,6 +29,8 @@ import time
 
 import torch
 
+from parallel_mlp.bench.threads import describe, placement
+
 
 def tiny_probe() -> tuple[float, float, dict[str, float]]:
     """(min, median) host µs per fwd+bwd of a tiny eager MLP over five runs of 300 steps, and
@@ -81,50 +83,13 @@ def held_eager(T=512, d=1024, h=2816) -> float:
     return time_held(ctx, {"eager": lambda i: train_step(m, xs[i], dys[i])}, 2)["eager"]["ms"]
 
 
-def thread_cpus(task_dir: str = "/proc/self/task") -> dict[int, tuple[str, int]]:
-    """{thread id: (name, CPU it last ran on)} of this process's threads (Linux: field 39 of
-    /proc/self/task/<tid>/stat). The autograd engine's CUDA thread is "pt_autograd_0"; where it
-    sits against the main thread is one suspect for the host's speed differing between
-    processes (a hand-over between cores costs more than one within a core)."""
-    out = {}
-    for tid in sorted(os.listdir(task_dir), key=int):
-        try:
-            with open(os.path.join(task_dir, tid, "stat")) as f:
-                stat = f.read()
-        except OSError:  # the thread ended meanwhile
-            continue
-        name = stat[stat.index("(") + 1:stat.rindex(")")]
-        after_name = stat[stat.rindex(")") + 2:].split()  # from field 3 (state) on
-        out[int(tid)] = (name, int(after_name[39 - 3]))
-    return out
-
-
-def core_of(cpu: int) -> str:
-    """The physical core a CPU belongs to, as its SMT siblings' list ("?" where unknown)."""
-    try:
-        with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list") as f:
-            return f.read().strip()
-    except OSError:
-        return "?"
-
-
-def placement() -> str:
-    """The main thread's and autograd's threads' last CPUs, with their cores."""
-    threads = thread_cpus()
-    main_cpu = threads[os.getpid()][1]  # the main thread's id is the process id
-    parts = [f"main cpu {main_cpu} (core {core_of(main_cpu)})"]
-    parts += [f"{name} cpu {cpu} (core {core_of(cpu)})" for name, cpu in threads.values()
-              if name.startswith("pt_autograd")]
-    return ", ".join(parts)
-
-
 def report(stage: str) -> None:
     lo, med, per_step = tiny_probe()
     ms = held_eager()
     counts = "  ".join(f"{k} {v:5.2f}" for k, v in per_step.items())
     print(f"{stage:44s} tiny probe min {lo:6.1f} med {med:6.1f} µs   eager T=512 held "
           f"{ms * 1e3:6.1f} µs   per step: {counts}   threads {threading.active_count()}  "
-          f"gc objects {len(gc.get_objects())}   {placement()}", flush=True)
+          f"gc objects {len(gc.get_objects())}   {describe(placement())}", flush=True)
 
 
 def main(argv=None) -> int:

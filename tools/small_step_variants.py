@@ -26,10 +26,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from parallel_mlp.bench.harness import Ctx, l2_bytes, time_with_tflops
+from parallel_mlp.bench.harness import Ctx, l2_bytes, ratio, time_with_tflops
 from parallel_mlp.activations import ACTIVATIONS
 from parallel_mlp.small_step import (LeanGatedPairs, LeanGatedProduct,
                                      gate_and_up_by_two_gemms, gate_and_up_in_place)
+from parallel_mlp.bench.sweep import host_probe_us
+from parallel_mlp.bench.threads import describe, placement
 from parallel_mlp.bench.models import (EagerMLP, build_parallel_mlp, chunked_w1, cuda_graphed,
                                        mlp_flops, step_peak_memory, train_step,
                                        weight_grads)
@@ -202,18 +204,19 @@ def main() -> int:
             models[f"{name}, graphed"] = cuda_graphed(models[name], xs[0])
         steps = {name: (lambda i, m=m: train_step(m, xs[i], dys[i])) for name, m in models.items()}
         times = time_with_tflops(ctx, steps, 2, mlp_flops(T, d, "swiglu", h))
-        print(f"T={T} d={d} swiglu h={h}: ms per fwd+bwd, held {args.hold_s} s x {args.rounds}")
-        base, base_graphed = times["eager"]["ms"], times["eager, graphed"]["ms"]
+        print(f"T={T} d={d} swiglu h={h}: ms per fwd+bwd, held {args.hold_s} s x {args.rounds}; "
+              f"host probe {host_probe_us(ctx):.0f} µs (the sweep's), {describe(placement())}")
         for name in models:
             if name.endswith(", graphed"):
                 continue
             t = times[name]["ms"]
-            line = f"  {name:34s} {t:7.3f} ({base / t:5.3f}x eager)"
+            line = f"  {name:34s} {t:7.3f} ({ratio(times['eager'], times[name]):5.3f}x eager)"
             if peaks.get(name) is not None:
                 line += f"  step peak {peaks[name] * 1024:7.1f} MiB"
             if f"{name}, graphed" in times:
-                g = times[f"{name}, graphed"]["ms"]
-                line += f"   graphed {g:7.3f} ({base_graphed / g:5.3f}x)"
+                g = times[f"{name}, graphed"]
+                line += (f"   graphed {g['ms']:7.3f} "
+                         f"({ratio(times['eager, graphed'], g):5.3f}x)")
             print(line)
     return 0
 

@@ -56,6 +56,7 @@ from .mlp import bench_mlp
 from .models import fc1_features
 from .progress import Progress
 from .sweep_grid import DRY_RUN, GRID, QUICK, Shape
+from .threads import placement
 from .timing import HOLD_QUEUE
 
 # The variants, in the order they are built and timed; eager first, the others' reference.
@@ -403,6 +404,7 @@ def run(args: argparse.Namespace) -> dict:
     ctx.l2_bytes = l2_bytes(device)
     torch.manual_seed(0)
     host_us = {"start": host_probe_us(ctx)}
+    host_where = {"start": placement()}
     probe_ours(ctx)
     shapes, names = grid(args), variants(args)
     if "quack" in names:
@@ -434,7 +436,7 @@ def run(args: argparse.Namespace) -> dict:
         "backend_note": getattr(args, "backend_note", None),
         "quack": {"version": quack_baseline.version(), "tuned": args.quack_tuned,
                   "unavailable": ctx.unavailable.get("quack")},
-        "host_probe_us": host_us}
+        "host_probe_us": host_us, "host_placement": host_where}
     results = {"meta": meta, "rows": []}
 
     def save():
@@ -450,6 +452,7 @@ def run(args: argparse.Namespace) -> dict:
         results["compile_ahead"] = compile_ahead(shapes, args, warm_ours, warm_quack, num_sms)
         save()
     host_us["before the shapes"] = host_probe_us(ctx)
+    host_where["before the shapes"] = placement()
 
     progress = Progress(len(shapes))
     for i, shape in enumerate(shapes):
@@ -468,6 +471,7 @@ def run(args: argparse.Namespace) -> dict:
     progress.update(len(shapes), "done")
     progress.close()
     host_us["after the last shape"] = host_probe_us(ctx)
+    host_where["after the last shape"] = placement()
     results["meta"]["wall_s"] = time.monotonic() - start
     save()
     watchdog.cancel()

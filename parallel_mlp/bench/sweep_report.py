@@ -8,6 +8,7 @@ import math
 import textwrap
 
 from .harness import ratio
+from .threads import describe
 from .report import Notes, num, run_lines, save_figure, table, timing_line
 
 VARIANT_NAMES = {"ours": "ours", "ours_fused": "ours, fused kernels",
@@ -57,6 +58,10 @@ def _header(results: dict) -> list[str]:
     if probe:
         lines.append("host speed (µs per fwd+bwd of a tiny eager MLP, all host time): " + ", ".join(
             f"{v:.0f} {k}" for k, v in probe.items()))
+    where = {k: v for k, v in (meta.get("host_placement") or {}).items() if v}
+    if where:
+        lines.append("where the main thread and autograd's CUDA thread last ran, at each probe: "
+                     + "; ".join(f"{k}: {describe(v)}" for k, v in where.items()))
     return lines
 
 
