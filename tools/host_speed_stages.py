@@ -15,7 +15,9 @@ twice as fast as another on the same machine. And each line counts, per step of 
 the process's minor page faults and voluntary and involuntary context switches (getrusage): a
 heap that glibc trims and grows back every step, or threads that sleep and wake at every
 hand-over, would show there. ``--quick`` reads a fresh process and device threads off alone (~15
-s), to compare processes started differently (e.g. with glibc's MALLOC_* tunables).
+s), to compare processes started differently (e.g. with glibc's MALLOC_* tunables). And each
+line reads the tiny step's host time launched into an idle GPU and behind a busy one
+(busy_gpu_probe).
 """
 from __future__ import annotations
 
@@ -57,6 +59,37 @@ def tiny_probe() -> tuple[float, float, dict[str, float]]:
     return min(best), sorted(best)[2], rusage_per_step(before, after, 5 * 310)
 
 
+def busy_gpu_probe(steps: int = 30, rounds: int = 7) -> tuple[float, float]:
+    """(GPU idle, GPU busy): median host µs per fwd+bwd of the tiny eager MLP over ``rounds``
+    runs of ``steps`` steps, launched into an idle GPU, then behind a ~50 ms sleep kernel that
+    keeps the GPU busy for the whole run (few enough launches that the queue never fills). A
+    host that pays more per launch into an idle GPU reads slower in the first column: a
+    host-bound step whose GPU never falls behind would then pay that on every launch."""
+    from parallel_mlp.bench.models import EagerMLP, train_step
+    dev = torch.device("cuda")
+    d = 256
+    m = EagerMLP(torch.randn(8 * d, d, device=dev, dtype=torch.bfloat16),
+                 torch.randn(d, 4 * d, device=dev, dtype=torch.bfloat16), "swiglu")
+    x = torch.randn(64, d, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(64, d, device=dev, dtype=torch.bfloat16)
+    for _ in range(10):
+        train_step(m, x, dy)
+    out = []
+    for busy in (False, True):
+        runs = []
+        for _ in range(rounds):
+            torch.cuda.synchronize()
+            if busy:
+                torch.cuda._sleep(100_000_000)  # ~50 ms of GPU clock cycles
+            t = time.perf_counter()
+            for _ in range(steps):
+                train_step(m, x, dy)
+            runs.append((time.perf_counter() - t) / steps * 1e6)
+        torch.cuda.synchronize()
+        out.append(sorted(runs)[rounds // 2])
+    return out[0], out[1]
+
+
 RUSAGE_FIELDS = {"ru_minflt": "faults", "ru_nvcsw": "waits", "ru_nivcsw": "preempted"}
 
 
@@ -85,10 +118,12 @@ def held_eager(T=512, d=1024, h=2816) -> float:
 
 def report(stage: str) -> None:
     lo, med, per_step = tiny_probe()
+    idle, busy = busy_gpu_probe()
     ms = held_eager()
     counts = "  ".join(f"{k} {v:5.2f}" for k, v in per_step.items())
     print(f"{stage:44s} tiny probe min {lo:6.1f} med {med:6.1f} µs   eager T=512 held "
-          f"{ms * 1e3:6.1f} µs   per step: {counts}   threads {threading.active_count()}  "
+          f"{ms * 1e3:6.1f} µs   30 steps into an idle GPU {idle:6.1f}, a busy one {busy:6.1f} µs   "
+          f"per step: {counts}   threads {threading.active_count()}  "
           f"gc objects {len(gc.get_objects())}   {describe(placement())}", flush=True)
 
 
