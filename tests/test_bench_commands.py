@@ -67,6 +67,14 @@ def test_configs_refuses_a_negative_graph_length(capsys):
     assert "--graphed -1: give the calls per graph" in capsys.readouterr().err
 
 
+def test_configs_refuses_zero_rounds(capsys):
+    from parallel_mlp.bench import gemm_configs
+
+    with pytest.raises(SystemExit):
+        gemm_configs.main(["--rounds", "0"])
+    assert "--rounds 0: must be >= 1" in capsys.readouterr().err
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 def test_graphed_replays_the_captured_calls():

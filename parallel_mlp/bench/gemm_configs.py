@@ -57,9 +57,13 @@ def main(argv=None) -> int:
         "picks (e.g. l2_prefetch=1, dact_prefetch=2); repeatable",
     )
     p.add_argument("--hold-s", type=float, default=DEFAULT_HOLD_S,
-                   help="each function runs back to back this long per turn, 3 turns (its own "
-                   "clock, as in training); 0: call by call, round-robin (one shared clock: "
-                   "compares cycles, not time)")
+                   help="each function runs back to back this long per turn, --rounds turns "
+                   "(its own clock, as in training); 0: call by call, round-robin (one shared "
+                   "clock: compares cycles, not time)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="turns per function when held (default 3). The order reverses every "
+                   "round, which balances the columns' places only over an even number of "
+                   "rounds: with 3 the last column runs last in two of them")
     p.add_argument("--graphed", type=int, default=0, metavar="CALLS",
                    help="time every column as a CUDA graph of CALLS back-to-back calls (timing."
                    "graphed): the kernels without their launches' host time, for GEMMs short "
@@ -67,6 +71,8 @@ def main(argv=None) -> int:
     p.add_argument("--scale", type=float, default=0.02,
                    help="standard deviation of every random operand (1: preact and dy at unit scale, as in training)")
     args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error(f"--rounds {args.rounds}: must be >= 1")
     if args.graphed < 0:
         p.error(f"--graphed {args.graphed}: give the calls per graph (0: no graph)")
     variants = [_parse_fields(a) for a in args.also]
@@ -126,7 +132,7 @@ def main(argv=None) -> int:
         if args.graphed:
             fns = [graphed(fn, calls) for fn in fns]
         if args.hold_s > 0:
-            times = median_ms_held(fns, hold_s=args.hold_s, warmup=warmup)
+            times = median_ms_held(fns, hold_s=args.hold_s, rounds=args.rounds, warmup=warmup)
         else:
             times = median_ms_interleaved(fns, reps=reps, warmup=warmup)
         return [t / calls for t in times]
