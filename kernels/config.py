@@ -58,6 +58,18 @@ NARROW_TILE_MIN_GAIN = 1.05
 # 128x192: fc2 and dx (K 7168 to 28672) 3-5% faster, dW1 (K 8192) 1.5-3%; at K = 4096 the plain
 # dy@W2 was even and the dact 7% slower (0.845 vs 0.910x cuBLAS).
 COOPERATIVE_MIN_K = 6144
+# ... unless pingpong 128x192 tiles fill the grid's waves enough better. At K = 8192, per output
+# element the two run alike, and the persistent grid's quantized waves decide: held 0.5 s x 4 in
+# alternating order on an H200, 2026-12-02 (bench configs --rounds 4 --also
+# consumers=pingpong,tile_n=192), at T=8192 d=8192 gelu h=8192 (8192 x 8192 GEMMs: 16 waves of
+# 128x256 clusters of which the last is half full, against 21 of 128x192 with the last 85% full;
+# 256 x 16 = 4096 columns of tile time against 192 x 21 = 4032) pingpong ran fc2, dx and both
+# wgrads 0.6-1.9% faster, the same dact config in both columns 0.4% apart; at T=8192 d=4096 h=14336
+# the wgrads (3584 against 3648 columns for dW2, 7168 against 7296 for dW1) ran 1.0-2.5% faster
+# cooperative. The earlier figures behind COOPERATIVE_MIN_K (fc2 and dx at d=4096, 3-5% faster
+# cooperative; 2048 against 2112 columns) fit the same count. Pingpong where its columns of tile
+# time are at least this much fewer; quack's MLP runs pingpong 128x192 at every GEMM.
+PINGPONG_MIN_WAVE_GAIN = 1.01
 
 
 # L2 cache-policy operands of the TMA copies (the 64-bit encodings CUTLASS's CacheHintSm90 names
@@ -257,14 +269,11 @@ def big_pingpong_config(m: int, n: int, num_sms: int = DEFAULT_NUM_SMS, kind: st
         return GemmConfig(128, tn, 2 if m >= 2048 else 1, 1, 16, num_sms, consumers="pingpong",
                           l2_prefetch=kind == "accumulate", **dact)
 
-    def waves(cfg):
-        full, rem, _ = cluster_waves(cfg, m, n)
-        return full + (rem > 0)
-
     wide, narrow = config(192), config(128)
     if -(-n // 192) * 192 > WIDE_TILE_MAX_PAD * -(-n // 128) * 128:
         return narrow
-    if waves(wide) * 192 / WIDE_TILE_SPEEDUP >= NARROW_TILE_MIN_GAIN * waves(narrow) * 128:
+    if (wave_columns(wide, m, n) / WIDE_TILE_SPEEDUP
+            >= NARROW_TILE_MIN_GAIN * wave_columns(narrow, m, n)):
         return narrow
     return wide
 
@@ -308,6 +317,14 @@ def cluster_waves(cfg: GemmConfig, m: int, n: int) -> tuple[int, int, int]:
     return (*divmod(clusters, grid), grid)
 
 
+def wave_columns(cfg: GemmConfig, m: int, n: int) -> int:
+    """The persistent grid's time in columns of tile time: its waves of tile clusters, a partial
+    last one counted whole, times the tile's width (PINGPONG_MIN_WAVE_GAIN compares two configs
+    by it)."""
+    full, rem, _ = cluster_waves(cfg, m, n)
+    return (full + (rem > 0)) * cfg.tile_n
+
+
 def has_partial_wave(cfg: GemmConfig, m: int, n: int) -> bool:
     """At least one full wave of tile clusters, then a partial one: where the default's rule
     (with_stream_k) and tuned=True weigh stream-K."""
@@ -338,7 +355,9 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
     """Pick a config for an (M, N, K) problem and an epilogue kind without timing anything.
 
     Big GEMMs (``is_big``) with K >= COOPERATIVE_MIN_K (fc2, dx and the wgrads of an MLP at
-    T=8192), except the dact: cooperative 128x256, 2x1 cluster, raster group 16.
+    T=8192), except the dact: cooperative 128x256, 2x1 cluster, raster group 16, unless it runs
+    whole tiles and pingpong 128x192 fills the grid's waves PINGPONG_MIN_WAVE_GAIN better (e.g.
+    every GEMM of T=8192 d=8192 gelu h=8192).
 
     Other big GEMMs (fc1, dy@W2 and its dact at d=4096): ``big_pingpong_config``. On an H200,
     2026-11-30, pingpong 128x128 timed call by call against cooperative 128x256 (bench configs
@@ -372,9 +391,14 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
     if is_big(m, n, num_sms):
         # act takes the same choice as store: recompute replays fc1's act GEMM as a plain one
         # and relies on the same config giving the same bits.
+        pingpong = big_pingpong_config(m, n, num_sms, kind)
         if k >= COOPERATIVE_MIN_K and kind != "dact":
-            return with_stream_k(GemmConfig(128, 256, cm, 1, 16, num_sms, l2_prefetch=pf), m, n, k, kind)
-        return big_pingpong_config(m, n, num_sms, kind)
+            cooperative = with_stream_k(GemmConfig(128, 256, cm, 1, 16, num_sms, l2_prefetch=pf),
+                                        m, n, k, kind)
+            if (cooperative.stream_k or pingpong.tile_n != 192 or wave_columns(cooperative, m, n)
+                    < PINGPONG_MIN_WAVE_GAIN * wave_columns(pingpong, m, n)):
+                return cooperative
+        return pingpong
     if n > 128 and waves(128, 256) >= 1:
         return with_stream_k(GemmConfig(128, 256, cm, 1, 8, num_sms, l2_prefetch=pf), m, n, k, kind)
     if waves(128, 128) >= 1:

@@ -3,7 +3,7 @@
 The choice is keyed by (variant, dtypes, operand majorness, M, N, K, SM count) and kept in
 ``$PARALLEL_MLP_CACHE_DIR/tune-v3.json`` (default ``~/.cache/parallel_mlp``); later calls and
 later processes reuse it without timing. Candidates are timed held (parallel_mlp.bench.timing's
-median_ms_held: turns of DEFAULT_HOLD_S, three each, ~30 s per problem), so the choice is the
+median_ms_held: turns of DEFAULT_HOLD_S, TUNE_ROUNDS each, ~40 s per problem), so the choice is the
 fastest at the clock it gets running alone; shorter turns measured the card's clock swing rather
 than the candidates.
 Timing runs the real op on the caller's tensors, into scratch outputs, so it never writes to the
@@ -31,6 +31,12 @@ from .config import TUNE_CANDIDATES, GemmConfig, big_pingpong_config, default_co
 
 _lock = threading.Lock()
 _choices: dict | None = None
+
+# Held turns per candidate: an even number, so that the turn order's reversal every round gives
+# every candidate the same mean place (with three, the last candidate runs last in two rounds of
+# three: one config in two columns of bench configs read 1.1-2.3% apart that way, 0.4% with
+# four; H200, 2026-12-02).
+TUNE_ROUNDS = 4
 
 
 def _path():
@@ -117,7 +123,8 @@ def tuned_config(spec, a, bk, d_dtype, num_sms: int) -> GemmConfig:
         # times anything, and the bench package's timing needs nothing but torch.
         from parallel_mlp.bench import timing
 
-        times = timing.median_ms_held([functools.partial(run, cfg) for cfg in runnable])
+        times = timing.median_ms_held([functools.partial(run, cfg) for cfg in runnable],
+                                      rounds=TUNE_ROUNDS)
         best = runnable[min(range(len(runnable)), key=times.__getitem__)]
     with _lock:
         _load()[key] = asdict(best)

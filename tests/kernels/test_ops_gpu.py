@@ -475,7 +475,8 @@ def test_dact_in_place_fp16(act):
 
 # The default config for two or more waves of 128x256 tiles is pingpong 128x192 with a 2x1
 # cluster and raster group 16, or from K = COOPERATIVE_MIN_K up (not for the dact) cooperative
-# 128x256; these shapes reach both with tails in M, N and K, through the ops' own config choice.
+# 128x256 (unless pingpong's waves fill the grid better; here stream-K keeps it cooperative);
+# these shapes reach both with tails in M, N and K, through the ops' own config choice.
 BIG_TAILED = (4104, 1000, 4200)  # (M, K, N): 33 x 17 tiles of 128x256 on 132 SMs; M a multiple of 8 (col-major a)
 BIG_LONG_K = (4104, 6200, 4200)  # the same with K past COOPERATIVE_MIN_K
 

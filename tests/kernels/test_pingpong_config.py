@@ -92,6 +92,33 @@ def test_default_config_is_cooperative_128x256_at_long_k():
         assert (dact.consumers, dact.tile_n, dact.dact_prefetch) == ("pingpong", 192, 2)
 
 
+def test_long_k_takes_pingpong_where_its_waves_fill_the_grid_better():
+    """From K = COOPERATIVE_MIN_K up, pingpong 128x192 replaces cooperative 128x256 where its
+    quantized waves take PINGPONG_MIN_WAVE_GAIN fewer columns of tile time: every GEMM of
+    T=8192 d=8192 gelu h=8192 (4096 against 4032 columns, measured 0.6-1.9% faster), not the
+    wgrads at T=8192 d=4096 h=14336 (measured 1.0-2.5% slower). Store, act and accumulate decide
+    alike; a cooperative GEMM that runs stream-K keeps it."""
+    from parallel_mlp.kernels.config import (PINGPONG_MIN_WAVE_GAIN, big_pingpong_config,
+                                             default_config, wave_columns)
+
+    flipped = [(8192, 8192, 8192), (16384, 8192, 11008), (16384, 8192, 22016)]
+    kept = [(4096, 14336, 8192), (28672, 4096, 8192), (8192, 4096, 14336)]
+    for m, n, k in flipped + kept:
+        picks = {kind: default_config(m, n, k, 132, kind) for kind in ("store", "act", "accumulate")}
+        want = ("pingpong", 192) if (m, n, k) in flipped else ("cooperative", 256)
+        for kind, cfg in picks.items():
+            assert (cfg.consumers, cfg.tile_n, cfg.cluster_m, cfg.raster_group) == (*want, 2, 16), \
+                (m, n, k, kind)
+            assert cfg.l2_prefetch == (kind == "accumulate")
+    assert wave_columns(default_config(8192, 8192, 8192, 132, "store"), 8192, 8192) == 192 * 21
+    assert 256 * 16 >= PINGPONG_MIN_WAVE_GAIN * 192 * 21
+    # fc2 at T=2304: pingpong's waves would be fewer, but stream-K evens cooperative's last wave
+    m, n, k = 2304, 4096, 14336
+    assert wave_columns(big_pingpong_config(m, n, 132), m, n) < 256 * 3
+    cfg = default_config(m, n, k, 132, "store")
+    assert (cfg.consumers, cfg.tile_n, cfg.stream_k) == ("cooperative", 256, True)
+
+
 def test_recompute_replays_fc1_with_the_act_gemms_config():
     """Recompute replays fc1's gemm_act as a plain GEMM and needs its bits: for every shape the
     store and act kinds must choose the same tile, cluster, raster and consumers."""
@@ -99,7 +126,7 @@ def test_recompute_replays_fc1_with_the_act_gemms_config():
 
     fields = ("tile_m", "tile_n", "cluster_m", "cluster_n", "raster_group", "consumers", "scheduler")
     for m in (64, 1000, 4104, 8192, 65536):
-        for n in (256, 1000, 4096, 14336, 28672):
+        for n in (256, 1000, 4096, 8192, 14336, 28672):
             for k in (256, 4096, 6144, 8192, 28672):
                 store = default_config(m, n, k, 132, "store")
                 act = default_config(m, n, k, 132, "act")
