@@ -108,23 +108,27 @@ def small_step(x: torch.Tensor, w1: torch.Tensor, b1, w2: torch.Tensor, b2,
     GEMMs' outputs, :class:`LeanGatedPairs` on the one GEMM's interleaved output, whose
     gradient it writes straight into pairs (no stack). Against autograd's nodes for the same
     split (`tools/small_step_variants.py`, held 0.5 s x 2 and CUDA-graphed, H200, 2026-12-02,
-    three runs; eager against its copy 0.975-0.994x held, 1.003-1.009x graphed):
+    five runs; eager against its copy 0.975-0.994x held, 0.994-1.009x graphed at these shapes):
 
     | eager / spelling: held, graphed; step peak MiB | T=8192 d=1024 (two GEMMs) | T=2048 d=2048 (pairs) |
     | ---------------------------------------------- | ------------------------- | --------------------- |
-    | autograd's nodes                               | 1.077-1.097x, 1.101-1.123x; 302.0 | 0.967-0.979x, 0.985-0.986x; 94.0 |
-    | LeanGatedProduct                               | 1.048-1.076x, 1.067-1.091x; 257.5-258.0 | on unbind's views: 0.943-0.952x, 0.960-0.968x; 83.0 |
-    | LeanGatedPairs                                 | (1.096 ms: 0.901x, 0.914x; 257.5) | 0.941-0.950x, 0.963-0.997x; 82.0-83.0 |
+    | autograd's nodes                               | 1.077-1.100x, 1.101-1.123x; 302.0 | 0.967-0.985x, 0.981-0.986x; 94.0 |
+    | LeanGatedProduct                               | 1.048-1.076x, 1.067-1.091x; 257.5-258.0 | on unbind's views: 0.942-0.952x, 0.954-0.968x; 83.0 |
+    | LeanGatedPairs                                 | (1.096 ms: 0.901x, 0.914x; 257.5) | 0.941-0.960x, 0.878-0.997x; 82.0-83.0 |
     | eager                                          | 1.000x; 301.5             | 1.000x; 93.0          |
 
     quack's MLP peaked at 257.5 and 83.0 MiB there (the shape sweep). The recompute of a(g) is
     one more elementwise pass (about 3% of the T=8192 step, CUDA-graphed); at T=2048 writing
-    into pairs saves the stack and gains that back (graphed 0.997x against the nodes' 0.986x).
+    into pairs saves the stack, which gained that back in one run (graphed 0.997x against the
+    nodes' 0.986x) and not in the next two (0.944-0.961x against 0.981-0.985x).
     Each lean function is Python on autograd's device thread, which costs the host time: on a
     2-core CPU VM at swiglu T=8 d=16 on the pairs, autograd's nodes 65-70 µs per step,
     LeanGatedPairs 76-81, LeanGatedProduct on unbind's views 80-86, eager 59-62 (minimums of 31
-    interleaved rounds of 500 steps, three runs, 2026-12-02); on the H200 at T=2048, held
-    against graphed, 0.950x against 0.997x. It
+    interleaved rounds of 500 steps, three runs, 2026-12-02), most of it the backward's nine
+    Python-level ops: the same function with a one-op backward read 57 µs against the nodes' 64
+    (one probe run beside them, 2026-12-02). In
+    the shape sweep's process, whose host is slower, the T=2048 step read 0.79x eager (2026-12-02,
+    eager against its copy 0.96x). It
     brings the step to quack's memory where the activation sets the peak; below one row per
     feature the weights' gradients set it (T=512 d=8192: 159.4-159.6 MiB for every spelling and
     eager; T=512 d=1024: 25.0-26.0 for every spelling and eager, the caching allocator's
