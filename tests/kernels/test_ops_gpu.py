@@ -479,9 +479,12 @@ def test_dact_in_place_fp16(act):
 # these shapes reach both with tails in M, N and K, through the ops' own config choice.
 BIG_TAILED = (4104, 1000, 4200)  # (M, K, N): 33 x 17 tiles of 128x256 on 132 SMs; M a multiple of 8 (col-major a)
 BIG_LONG_K = (4104, 6200, 4200)  # the same with K past COOPERATIVE_MIN_K
+# K past COOPERATIVE_MIN_K where pingpong 128x192's waves fill the grid better than whole
+# cooperative 128x256 tiles (PINGPONG_MIN_WAVE_GAIN): pingpong at long K, tails in M, N and K
+BIG_LONG_K_WAVES = (2568, 6200, 5640)
 
 
-@pytest.mark.parametrize("shape", [BIG_TAILED, BIG_LONG_K])
+@pytest.mark.parametrize("shape", [BIG_TAILED, BIG_LONG_K, BIG_LONG_K_WAVES])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_default_big_gemm_and_accumulate(dtype, shape):
     from parallel_mlp.kernels import ops
@@ -498,7 +501,7 @@ def test_default_big_gemm_and_accumulate(dtype, shape):
     check(acc, base + 2 * (at.float() @ b.float()), base + 2 * (at @ b).float(), "default big accumulate")
 
 
-@pytest.mark.parametrize("shape", [BIG_TAILED, BIG_LONG_K])
+@pytest.mark.parametrize("shape", [BIG_TAILED, BIG_LONG_K, BIG_LONG_K_WAVES])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("act", ["swiglu", "gelu_tanh_approx", "relu_sq"])
 def test_default_big_gemm_act_and_recompute_bits(act, bias, shape):

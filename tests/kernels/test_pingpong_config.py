@@ -112,6 +112,9 @@ def test_long_k_takes_pingpong_where_its_waves_fill_the_grid_better():
             assert cfg.l2_prefetch == (kind == "accumulate")
     assert wave_columns(default_config(8192, 8192, 8192, 132, "store"), 8192, 8192) == 192 * 21
     assert 256 * 16 >= PINGPONG_MIN_WAVE_GAIN * 192 * 21
+    # the GPU tests' tailed shape for this rule (test_ops_gpu.BIG_LONG_K_WAVES) reaches it
+    for kind in ("store", "accumulate", "act"):
+        assert default_config(2568, 5640, 6200, 132, kind).consumers == "pingpong"
     # fc2 at T=2304: pingpong's waves would be fewer, but stream-K evens cooperative's last wave
     m, n, k = 2304, 4096, 14336
     assert wave_columns(big_pingpong_config(m, n, 132), m, n) < 256 * 3
