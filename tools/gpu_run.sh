@@ -7,7 +7,10 @@
 #     tests_kernels  GPU tests of the kernels (compiles ~300 kernels: ~6 min, a call of its own)
 #     tests_layer    ParallelMLP on cute vs the fp64 reference, recompute, main_grad, and
 #                    the torch backend's CUDA paths (~1 min)
-#     tests_all      both of the above as 8 concurrent pytest shards (tools/pytest_shards.py):
+#     tests_defaults the default configs' GPU tests (test_ops_gpu -k default_big: pingpong and
+#                    cooperative big GEMMs, stream-K and the long-K pingpong rule, tails in M, N, K,
+#                    accumulate and act with recompute's bits) (~2 min)
+#     tests_all      tests_kernels and tests_layer as 8 concurrent pytest shards (tools/pytest_shards.py):
 #                    compiling is most of their time and the host has 16 cores
 #     streamk        stream-K, the default where a GEMM's last wave is light: its GPU tests, then
 #                    the long-K GEMMs (fc2, dx, dW2, dW1) held with it forced on beside the
@@ -72,6 +75,7 @@ BENCH="python3 -m parallel_mlp.bench"
 declare -A CMD=(
   [tests_kernels]="timeout 540 python3 -m pytest -q -m gpu tests/kernels -k 'not selfcheck' -x"
   [tests_layer]="timeout 150 python3 -m pytest -q -m gpu tests/test_layer_gpu.py tests/test_backends.py -x"
+  [tests_defaults]="timeout 200 python3 tools/pytest_shards.py 8 -m gpu tests/kernels/test_ops_gpu.py -k default_big"
   [tests_all]="timeout 540 python3 tools/pytest_shards.py 8 -m gpu tests/kernels tests/test_layer_gpu.py tests/test_backends.py -k 'not selfcheck'"
   [streamk]="timeout 170 python3 tools/pytest_shards.py 12 -m gpu tests/kernels/test_stream_k_gpu.py; for h in 14336 7168; do timeout 150 $BENCH configs --h \$h --only fc2,dx,dW2,dW1 --also stream_k=1; done"
   [streamk_fill]="timeout 240 python3 tools/pytest_shards.py 12 -m gpu tests/kernels/test_stream_k_gpu.py; timeout 150 $BENCH configs --T 65536 --d 1024 --h 1024 --act gelu_tanh_approx --only dW2,dW1 --also stream_k=1; timeout 150 $BENCH configs --T 65536 --d 2048 --h 704 --act swiglu --only dW2 --also stream_k=1"
@@ -95,7 +99,7 @@ declare -A CMD=(
   [full]="timeout 570 $BENCH --budget-s 420 --json $OUT/bench.json --png $OUT/bench.png"
   [ncu]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 5 --launch-count 5 --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis $BENCH ncu-cases"
 )
-ORDER=(tests_kernels tests_layer tests_all streamk streamk_fill configs_small gemm mlp sweep sweep_small sweep_graphed tp tp_sp profile small_step_variants timing_spread host_step host_stages host_env host_phases cold clock full ncu)
+ORDER=(tests_kernels tests_layer tests_defaults tests_all streamk streamk_fill configs_small gemm mlp sweep sweep_small sweep_graphed tp tp_sp profile small_step_variants timing_spread host_step host_stages host_env host_phases cold clock full ncu)
 
 steps=("$@")
 if [ ${#steps[@]} -eq 0 ]; then
