@@ -34,16 +34,23 @@ import torch
 from parallel_mlp.bench.threads import describe, placement
 
 
-def tiny_probe() -> tuple[float, float, dict[str, float]]:
-    """(min, median) host µs per fwd+bwd of a tiny eager MLP over five runs of 300 steps, and
-    the process's page faults and context switches per step over those runs (rusage_per_step)."""
-    from parallel_mlp.bench.models import EagerMLP, train_step
+def tiny_mlp():
+    """The sweep's host probe's model (T=64 d=256 swiglu, bf16 on the GPU), its input and dy."""
+    from parallel_mlp.bench.models import EagerMLP
     dev = torch.device("cuda")
     d = 256
     m = EagerMLP(torch.randn(8 * d, d, device=dev, dtype=torch.bfloat16),
                  torch.randn(d, 4 * d, device=dev, dtype=torch.bfloat16), "swiglu")
     x = torch.randn(64, d, device=dev, dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(64, d, device=dev, dtype=torch.bfloat16)
+    return m, x, dy
+
+
+def tiny_probe() -> tuple[float, float, dict[str, float]]:
+    """(min, median) host µs per fwd+bwd of a tiny eager MLP over five runs of 300 steps, and
+    the process's page faults and context switches per step over those runs (rusage_per_step)."""
+    from parallel_mlp.bench.models import train_step
+    m, x, dy = tiny_mlp()
     best = []
     before = resource.getrusage(resource.RUSAGE_SELF)
     for _ in range(5):
@@ -65,13 +72,8 @@ def busy_gpu_probe(steps: int = 30, rounds: int = 7) -> tuple[float, float]:
     keeps the GPU busy for the whole run (few enough launches that the queue never fills). A
     host that pays more per launch into an idle GPU reads slower in the first column: a
     host-bound step whose GPU never falls behind would then pay that on every launch."""
-    from parallel_mlp.bench.models import EagerMLP, train_step
-    dev = torch.device("cuda")
-    d = 256
-    m = EagerMLP(torch.randn(8 * d, d, device=dev, dtype=torch.bfloat16),
-                 torch.randn(d, 4 * d, device=dev, dtype=torch.bfloat16), "swiglu")
-    x = torch.randn(64, d, device=dev, dtype=torch.bfloat16, requires_grad=True)
-    dy = torch.randn(64, d, device=dev, dtype=torch.bfloat16)
+    from parallel_mlp.bench.models import train_step
+    m, x, dy = tiny_mlp()
     for _ in range(10):
         train_step(m, x, dy)
     out = []
