@@ -126,13 +126,12 @@ def small_step(x: torch.Tensor, w1: torch.Tensor, b1, w2: torch.Tensor, b2,
     LeanGatedPairs 76-81, LeanGatedProduct on unbind's views 80-86, eager 59-62 (minimums of 31
     interleaved rounds of 500 steps, three runs, 2026-12-02), most of it the backward's nine
     Python-level ops: the same function with a one-op backward read 57 µs against the nodes' 64
-    (one probe run beside them, 2026-12-02). In
-    the shape sweep's process, whose host is slower, the T=2048 step read 0.79x eager (2026-12-02,
-    eager against its copy 0.96x). It
-    brings the step to quack's memory where the activation sets the peak; below one row per
-    feature the weights' gradients set it (T=512 d=8192: 159.4-159.6 MiB for every spelling and
-    eager; T=512 d=1024: 25.0-26.0 for every spelling and eager, the caching allocator's
-    rounding) and the step is the host's, so autograd's nodes stay there.
+    (one probe run beside them, 2026-12-02). In the shape sweep's process, whose host is slower,
+    the T=2048 step read 0.79x eager (2026-12-02, eager against its copy 0.96x). The lean
+    function brings the step to quack's memory where the activation sets the peak; below one
+    row per feature the weights' gradients set it (T=512 d=8192: 159.4-159.6 MiB for every
+    spelling and eager; T=512 d=1024: 25.0-26.0 for every spelling and eager, the caching
+    allocator's rounding) and the step is the host's, so autograd's nodes stay there.
     """
     if not act.gated:
         return F.linear(act.autograd_forward(F.linear(x, w1, b1)), w2, b2)

@@ -274,6 +274,28 @@ def test_header_reports_the_host_probe_and_skips_what_was_not_read():
     assert "host speed" not in sweep_report.format_sweep(results)
 
 
+def test_header_says_where_the_threads_ran_at_each_probe():
+    results = fake_results()
+    results["meta"]["host_placement"] = {"start": {"main": [15, "15"], "pt_autograd_0": [0, "0"]},
+                                         "after the last shape": {}}
+    text = sweep_report.format_sweep(results)
+    assert ("where the main thread and autograd's CUDA thread last ran, at each probe: start: "
+            "main cpu 15 (core 15), pt_autograd_0 cpu 0 (core 0)\n") in text
+    results["meta"]["host_placement"] = {"start": {}}
+    assert "last ran, at each probe" not in sweep_report.format_sweep(results)
+
+
+def test_ours_over_pairs_held_turns_round_by_round():
+    """A row's ratio is the median of the rounds' ratios where both variants kept their turns,
+    else the ratio of their times."""
+    row = {"variants": {"eager": {"ms": 2.0, "holds_ms": [1.0, 2.0, 3.0]},
+                        "ours": {"ms": 3.3, "holds_ms": [1.1, 4.0, 3.3]}}}
+    assert sweep_report.ours_over(row, "eager") == pytest.approx(1 / 1.1)
+    del row["variants"]["ours"]["holds_ms"]
+    assert sweep_report.ours_over(row, "eager") == pytest.approx(2.0 / 3.3)
+    assert sweep_report.ours_over(row, "quack") is None
+
+
 def test_host_probe_needs_cuda():
     from parallel_mlp.bench.harness import Ctx
 
@@ -490,6 +512,10 @@ def test_dry_run_end_to_end(tmp_path):
     assert "quack: skipped: quack-kernels is not installed" in proc.stdout  # the table's header
     data = json.loads(out.read_text())
     assert data["meta"]["mode"] == "sweep" and data["meta"]["dry_run"] is True
+    if os.path.isdir("/proc/self/task"):  # Linux: the main thread's CPU beside each host probe
+        assert set(data["meta"]["host_placement"]) == {"start", "before the shapes",
+                                                       "after the last shape"}
+        assert "main" in data["meta"]["host_placement"]["start"]
     assert data["meta"]["quack"]["unavailable"].startswith("quack-kernels is not installed")
     assert [r["label"] for r in data["rows"]] == [s.label for s in DRY_RUN]
     for row in data["rows"]:

@@ -10,8 +10,7 @@ torch.compile, then gc.freeze() and autograd's device threads off. A stage that 
 would read slower from there on; one run on the H200 host (benchmarks/h200-host-speed-stages.txt)
 found none beyond the host's own wander, and device threads off twice as fast. Each line also
 names the CPU (and its core's SMT siblings) that the main thread and autograd's CUDA thread last
-ran on: whether the two share a core is the next suspect for why one process runs host work
-twice as fast as another on the same machine. And each line counts, per step of the tiny probe,
+ran on (different cores in fast and slow readings alike, 2026-12-02). And each line counts, per step of the tiny probe,
 the process's minor page faults and voluntary and involuntary context switches (getrusage): a
 heap that glibc trims and grows back every step, or threads that sleep and wake at every
 hand-over, would show there. ``--quick`` reads a fresh process and device threads off alone (~15
@@ -35,7 +34,9 @@ from parallel_mlp.bench.threads import describe, placement
 
 
 def tiny_mlp():
-    """The sweep's host probe's model (T=64 d=256 swiglu, bf16 on the GPU), its input and dy."""
+    """The sweep's host probe's model (T=64 d=256 swiglu, bf16 on the GPU), its input and dy;
+    built here rather than through sweep.host_probe_us, so that the first stages read a process
+    that has not imported the sweep."""
     from parallel_mlp.bench.models import EagerMLP
     dev = torch.device("cuda")
     d = 256

@@ -26,15 +26,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from parallel_mlp.bench.harness import Ctx, l2_bytes, ratio, time_with_tflops
 from parallel_mlp.activations import ACTIVATIONS
-from parallel_mlp.small_step import (LeanGatedPairs, LeanGatedProduct,
-                                     gate_and_up_by_two_gemms, gate_and_up_in_place)
-from parallel_mlp.bench.sweep import host_probe_us
-from parallel_mlp.bench.threads import describe, placement
+from parallel_mlp.bench.harness import Ctx, l2_bytes, ratio, time_with_tflops
 from parallel_mlp.bench.models import (EagerMLP, build_parallel_mlp, chunked_w1, cuda_graphed,
                                        mlp_flops, step_peak_memory, train_step,
                                        weight_grads)
+from parallel_mlp.bench.sweep import host_probe_us
+from parallel_mlp.bench.threads import describe, placement
+from parallel_mlp.small_step import (LeanGatedPairs, LeanGatedProduct,
+                                     gate_and_up_by_two_gemms, gate_and_up_in_place)
 
 SHAPES = [  # T, d, h: the sweep's gated small steps
     (8192, 1024, 2816), (2048, 2048, 2816), (512, 1024, 2816), (512, 8192, 2752)]

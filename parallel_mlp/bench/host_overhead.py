@@ -21,7 +21,8 @@ would pay the GPU's time on top of the host's, and is named.
 layer, and eager, in interleaved rounds (their order reversed every round, as the held timing
 does) with autograd's device threads on and off: each step's host time split into clearing the
 grads, the forward and the backward (until ``y.backward`` returns), and a pure-Python loop timed
-in every round, so that a slow or drifting host shows as such. Where a host-bound step of ours loses to eager's, it says in which part.
+in every round, so that a slow or drifting host shows as such. Where a host-bound step of ours
+loses to eager's, it says in which part.
 """
 
 from __future__ import annotations

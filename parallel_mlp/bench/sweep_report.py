@@ -8,8 +8,8 @@ import math
 import textwrap
 
 from .harness import ratio
-from .threads import describe
 from .report import Notes, num, run_lines, save_figure, table, timing_line
+from .threads import describe
 
 VARIANT_NAMES = {"ours": "ours", "ours_fused": "ours, fused kernels",
                  "ours_recompute": "ours recompute", "eager": "eager",

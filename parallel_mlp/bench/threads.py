@@ -1,12 +1,12 @@
 """Where this process's threads run: the CPU each last ran on, and that CPU's core (Linux /proc
 and /sys; elsewhere the readings are empty).
 
-The H200 host is a VM on which a host-bound step of eager PyTorch ran 2x faster in one process
-than in another on the same machine minutes apart, and 2x faster again with autograd's device
-threads off: the backward's hand-over between the main thread and autograd's CUDA thread
-("pt_autograd_0") costs more across cores than within one. The benchmarks record where those
-two threads sit beside the host probe, so that a fast and a slow process can be told apart by
-it, or not.
+On the H200 host (a VM) a held host-bound eager step ran GPU-bound in one process and took the
+host's slower pace in another on the same machine, and autograd's device threads off made the
+host 1.5-2x faster: every backward hands over from the main thread to autograd's CUDA thread
+("pt_autograd_0") and back. The benchmarks record where those two threads sit beside the host
+probe; in the runs of 2026-12-02 they sat on different cores in fast and slow readings alike
+(benchmarks/h200-host-speed-stages.txt).
 """
 
 from __future__ import annotations
