@@ -505,30 +505,45 @@ def gemm_act(a, b, activation, bias=None, store_preact=True, *, config: Optional
     if bias is not None and bias.stride(0) != 1:
         bias = bias.contiguous()  # the epilogue indexes bias with unit stride
     post_n = n // 2 if act.gated else n
-    preact = _output(out_preact, (m, n), a, "out_preact") if store_preact else None
-    postact = _output(out_postact, (m, post_n), a, "out_postact")
-    if m == 0 or n == 0:
+    # The caller's buffers are checked before anything runs; rows made here are padded where TMA
+    # needs it (a gated N that is not a multiple of 16, say), as gemm's are, so the kernel runs
+    # at every shape: preact then has the bits a plain gemm of the same shape gives, which
+    # recompute's replay relies on. Padded rows are handed back contiguous.
+    preact = _output(out_preact, (m, n), a, "out_preact") if store_preact and out_preact is not None else None
+    postact = _output(out_postact, (m, post_n), a, "out_postact") if out_postact is not None else None
+    if m == 0 or n == 0 or k == 0:
+        preact = _output(preact, (m, n), a, "out_preact") if store_preact else None
+        postact = _output(postact, (m, post_n), a, "out_postact")
+        if m and n:  # k == 0: act of (bias or 0), not worth a kernel
+            z = torch.zeros(m, n, dtype=torch.float32, device=a.device) + (0 if bias is None else bias.float())
+            if preact is not None:
+                preact.copy_(z)
+            postact.copy_(act.forward(z))
         return preact, postact
-    if k == 0:  # act of (bias or 0): not worth a kernel
-        z = torch.zeros(m, n, dtype=torch.float32, device=a.device) + (0 if bias is None else bias.float())
-        if preact is not None:
-            preact.copy_(z)
-        postact.copy_(act.forward(z))
-        return preact, postact
-    # Outputs made here are contiguous and aligned; only the caller's buffers need a look.
-    if not _aligned((n, a.element_size()), (postact.shape[1], a.element_size())) or any(
-            t is not None and _tensor_reason(t, "out")
-            for t in (out_preact if store_preact else None, out_postact)):
-        # An output row that TMA cannot store (e.g. a gated h that is not a multiple of 8):
-        # the reference math, so the result is still right, just not fused.
-        ref = (a @ b).float() + (0 if bias is None else bias.float())
-        if preact is not None:
-            preact.copy_(ref)
-        postact.copy_(act.forward(ref))
-        return preact, postact
+    if any(t is not None and _tensor_reason(t, "out") for t in (preact, postact)):
+        # A caller's buffer that TMA cannot store to: the kernel into rows made here, then a copy.
+        pre, post = gemm_act(a, b, activation, bias, store_preact, config=config, tuned=tuned,
+                             whole_rows=whole_rows, checked=True)
+        if postact is None:
+            postact = post
+        else:
+            postact.copy_(post)
+        if preact is None:
+            return pre, postact
+        return preact.copy_(pre), postact
+    made_pre = store_preact and preact is None
+    if made_pre:
+        preact = _storable(m, n, a.dtype, a.device)
+    made_post = postact is None
+    if made_post:
+        postact = _storable(m, post_n, a.dtype, a.device)
     spec = _spec("act", act.name, bias is not None, store_preact)
     _launch(spec, a, b.t(), d=preact, post=postact, bias=bias, d_dtype=a.dtype, config=config, tuned=tuned,
             whole_rows=whole_rows)
+    if made_pre and not preact.is_contiguous():
+        preact = preact.contiguous()
+    if made_post and not postact.is_contiguous():
+        postact = postact.contiguous()
     return preact, postact
 
 

@@ -169,8 +169,9 @@ def test_unsupported_reason_on_gpu():
 
 
 @pytest.mark.parametrize("act", ["swiglu", "relu"])
-def test_unaligned_output_width_falls_back_correctly(act):
-    """A gated h (or N) whose output rows TMA cannot store still gives the right answer."""
+def test_unaligned_output_rows(act):
+    """A gated h (or N) whose output rows TMA cannot store: gemm_act runs the kernel on padded
+    rows (preact with a plain gemm's bits), the dact falls back to the reference math; both right."""
     from parallel_mlp.kernels import ops
 
     A = ACTIVATIONS[act]
@@ -178,14 +179,33 @@ def test_unaligned_output_width_falls_back_correctly(act):
     x = operand(100, 64, "row", torch.bfloat16, 0.125)
     w = operand(n, 64, "row", torch.bfloat16)
     pre, post = ops.gemm_act(x, w.t(), act)
+    assert pre.is_contiguous() and post.is_contiguous()
     ref = x.float() @ w.float().t()
-    check(post, A.forward(ref), A.forward(x @ w.t()), "fallback act")
+    check(post, A.forward(ref), A.forward(x @ w.t()), "act on padded rows")
+    assert torch.equal(pre, ops.gemm(x, w.t()))
+    none, post_only = ops.gemm_act(x, w.t(), act, store_preact=False)
+    assert none is None and torch.equal(post_only, post)
     dy = operand(100, 64, "row", torch.bfloat16, 0.125)
     w2 = operand(64, n // 2 if A.gated else n, "col", torch.bfloat16)  # aligned storage, narrow N
     dpre, post2 = ops.gemm_dact(dy, w2, pre, act)
     rd, rp = A.backward(pre.float(), dy.float() @ w2.float())
     ld, lp = A.backward(pre, dy @ w2)
     check(dpre, rd, ld, "fallback dact")
+
+
+def test_act_into_a_buffer_tma_cannot_store_to():
+    """A caller's postact view with a misaligned row stride: the kernel's result, copied in."""
+    from parallel_mlp.kernels import ops
+
+    x = operand(300, 256, "row", torch.bfloat16, 0.0625)
+    w = operand(512, 256, "row", torch.bfloat16)
+    want_pre, want_post = ops.gemm_act(x, w.t(), "swiglu")
+    big = torch.full((300, 264), 7.0, device="cuda", dtype=torch.bfloat16)
+    out_post = big[:, 1:257]  # data pointer 2 bytes past alignment
+    pre, post = ops.gemm_act(x, w.t(), "swiglu", out_postact=out_post)
+    assert post.data_ptr() == out_post.data_ptr()
+    assert torch.equal(post, want_post) and torch.equal(pre, want_pre)
+    assert (big[:, 0] == 7).all() and (big[:, 257:] == 7).all()
 
 
 def test_tuned_choice_is_timed_once_and_kept_on_disk(tmp_path, monkeypatch):
@@ -203,7 +223,9 @@ def test_tuned_choice_is_timed_once_and_kept_on_disk(tmp_path, monkeypatch):
     saved = json.loads(tuning._path().read_text())
     assert len(saved) == 1
     calls = []
-    monkeypatch.setattr(tuning, "median_ms_held", lambda fns, **kw: calls.append(1) or [1.0] * len(fns))
+    from parallel_mlp.bench import timing  # what tuned_config times candidates with
+
+    monkeypatch.setattr(timing, "median_ms_held", lambda fns, **kw: calls.append(1) or [1.0] * len(fns))
     ops.gemm(a, b, tuned=True)
     assert not calls, "a kept choice must not be timed again"
 
@@ -277,8 +299,8 @@ def test_dynamic_scheduler_accumulate(shape, tile):
     check(got, base + 2 * (a.float() @ b.float()), base + 2 * (a @ b).float(), f"dynamic accumulate {shape} {tile}")
 
 
-# N = 1040: a tail in N whose gated half-width rows (520 bf16) TMA can still store (N = 1048
-# would send the gated act to the reference fallback, testing neither kernel).
+# N = 1040: a tail in N whose gated half-width rows (520 bf16) TMA stores directly (at N = 1048
+# gemm_act would store them padded and copy them out).
 @pytest.mark.parametrize("tile", [(128, 256), (128, 128)])
 @pytest.mark.parametrize("shape", [(1000, 4000, 1040), (2048, 512, 3072)])
 @pytest.mark.parametrize("act,bias,store_preact", [("swiglu", True, True), ("gelu_tanh_approx", False, False), ("relu_sq", True, True)])
@@ -476,7 +498,9 @@ def test_dact_in_place_fp16(act):
 # The default config for two or more waves of 128x256 tiles is pingpong 128x192 with a 2x1
 # cluster and raster group 16, or from K = COOPERATIVE_MIN_K up (not for the dact) cooperative
 # 128x256 (unless pingpong's waves fill the grid better; here stream-K keeps it cooperative);
-# these shapes reach both with tails in M, N and K, through the ops' own config choice.
+# these shapes reach both with tails in M, N and K, through the ops' own config choice. A gated
+# act's postact rows there (N / 2 = 2100 or 2820 bf16) are not 16-byte multiples: gemm_act runs
+# the kernel on padded rows.
 BIG_TAILED = (4104, 1000, 4200)  # (M, K, N): 33 x 17 tiles of 128x256 on 132 SMs; M a multiple of 8 (col-major a)
 BIG_LONG_K = (4104, 6200, 4200)  # the same with K past COOPERATIVE_MIN_K
 # K past COOPERATIVE_MIN_K where pingpong 128x192's waves fill the grid better than whole
