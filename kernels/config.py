@@ -68,7 +68,10 @@ COOPERATIVE_MIN_K = 6144
 # the wgrads (3584 against 3648 columns for dW2, 7168 against 7296 for dW1) ran 1.0-2.5% faster
 # cooperative. The earlier figures behind COOPERATIVE_MIN_K (fc2 and dx at d=4096, 3-5% faster
 # cooperative; 2048 against 2112 columns) fit the same count. Pingpong where its columns of tile
-# time are at least this much fewer; quack's MLP runs pingpong 128x192 at every GEMM.
+# time are at least this much fewer; quack's MLP runs pingpong 128x192 at every GEMM. The GEMMs
+# it moves at five more sweep shapes, timed the same way (gpu_run.sh configs_long_k, 2026-12-02):
+# from 0.2% slower (fc2 at T=16384 d=8192) to 2.7% faster (dW2 at d=5120 h=13824); the sweep
+# with the rule read T=8192 d=8192 gelu h=8192 at 0.988x quack, 0.977x without.
 PINGPONG_MIN_WAVE_GAIN = 1.01
 
 
