@@ -185,3 +185,56 @@ def test_gemm_stores_rows_tma_cannot_address_through_padded_rows(monkeypatch, n)
     assert len(launched) == 2
     for d in launched:
         assert (d.stride(0) * d.element_size()) % 16 == 0 and d.shape == (100, n)
+
+
+@pytest.mark.parametrize("act,n", [("swiglu", 4200), ("swiglu", 20), ("relu", 12)])
+def test_gemm_act_stores_rows_tma_cannot_address_through_padded_rows(monkeypatch, act, n):
+    """gemm_act's own outputs (a gated postact of N / 2 = 2100 bf16: 4200 bytes a row) are
+    launched on rows padded to 16 bytes and handed back contiguous, so the kernel runs at every
+    shape (its preact then has a plain gemm's bits); a caller's misaligned out_postact gets the
+    kernel's result copied in. The kernels stubbed out: what is checked is what reaches the
+    launch."""
+    pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
+    from parallel_mlp.bench.host_stub import stubbed_kernels
+
+    launched = []
+    launch = ops._launch
+
+    def record(spec, a, bk, d=None, post=None, **kw):
+        launched.append((d, post))
+        for t, mark in ((d, 1.0), (post, 2.0)):  # the stub computes nothing: mark the stores
+            if t is not None:
+                t.fill_(mark)
+        return launch(spec, a, bk, d=d, post=post, **kw)
+
+    post_n = n // 2 if act == "swiglu" else n
+    a = torch.zeros(100, 64, dtype=torch.bfloat16)
+    b = torch.zeros(64, n, dtype=torch.bfloat16).t().contiguous().t()
+    with stubbed_kernels():
+        monkeypatch.setattr(ops, "_launch", record)
+        pre, post = ops.gemm_act(a, b, act, checked=True)
+        none, post_only = ops.gemm_act(a, b, act, store_preact=False, checked=True)
+        room = torch.zeros(100, post_n + 8, dtype=torch.bfloat16)
+        into = room[:, 1:post_n + 1]  # data pointer 2 bytes past 16-byte alignment
+        _, post_into = ops.gemm_act(a, b, act, out_postact=into, checked=True)
+    assert pre.shape == (100, n) and pre.is_contiguous() and bool((pre == 1).all())
+    assert post.shape == (100, post_n) and post.is_contiguous() and bool((post == 2).all())
+    assert none is None and bool((post_only == 2).all())
+    assert post_into.data_ptr() == into.data_ptr() and bool((into == 2).all())
+    assert bool((room[:, 0] == 0).all()) and bool((room[:, post_n + 1:] == 0).all())
+    assert len(launched) == 3
+    for d, p in launched:
+        for t in (d, p):
+            if t is not None:
+                assert (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
+
+
+def test_gemm_act_checks_its_buffers_before_anything_runs(monkeypatch):
+    """A caller's buffer of the wrong shape is refused, naming it, before any launch."""
+    monkeypatch.setattr(ops, "_launch", lambda *a, **k: pytest.fail("launched"))
+    a = torch.zeros(100, 64, dtype=torch.bfloat16)
+    b = torch.zeros(64, 32, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"out_postact is \(100, 32\).*expected \(100, 16\)"):
+        ops.gemm_act(a, b, "swiglu", out_postact=torch.empty(100, 32, dtype=torch.bfloat16), checked=True)
+    with pytest.raises(ValueError, match=r"out_preact is \(100, 16\).*expected \(100, 32\)"):
+        ops.gemm_act(a, b, "swiglu", out_preact=torch.empty(100, 16, dtype=torch.bfloat16), checked=True)
