@@ -281,7 +281,7 @@ class PersistentGemmSm90:
         k_blocks = None
         if cutlass.const_expr(self.stream_k):
             k_blocks = (cute.size(mA, mode=[1]) + self.tile_shape_mnk[2] - 1) // self.tile_shape_mnk[2]
-        grid = tile_scheduler.grid_shape(sched_params, self.max_active_clusters, k_blocks)
+        grid = tile_scheduler.grid_shape(sched_params, self.max_active_clusters, k_blocks, self.cfg.stream_k_split)
 
         def cosize(c):
             return cute.cosize(self.ch_layout[c]) if self.ch_width[c] else 1
@@ -656,7 +656,13 @@ class PersistentGemmSm90:
                         seen = cute.arch.load(flag, cutlass.Int32, sem="acquire", scope="gpu")
                 epi_barrier.arrive_and_wait()
                 tile_end = (t + 1) * k_tiles
-                for c2 in cutlass.range(c + 1, grid, unroll=1):
+                # Split-K stops at the last cluster that starts in this tile (the same slots in
+                # the same order as the whole grid's loop; tile_scheduler); the other stream-K
+                # kernels keep the loop over the whole grid until that bound has run on a GPU.
+                reach = grid
+                if cutlass.const_expr(self.cfg.stream_k_split > 0):
+                    reach = cutlass.min(grid, tile_scheduler.stream_k_clusters_starting_before(tile_end, grid, sk_iters))
+                for c2 in cutlass.range(c + 1, reach, unroll=1):
                     s2, e2 = tile_scheduler.stream_k_segment(c2, grid, sk_iters)
                     if s2 < tile_end:
                         if e2 > s2:

@@ -24,6 +24,9 @@
 #                    short GEMMs as CUDA graphs of 20 calls; first the GPU tests of those configs
 #                    (stream-K over an under-filled grid, the 64-wide tile, 2x1 clusters over an
 #                    odd number of tile rows) (~4 min)
+#     splitk         split-K over too few tiles (stream_k_split): its GPU tests, then the few-tile
+#                    GEMMs of T=512 and T=1000 as CUDA graphs of 20 calls, the default beside
+#                    stream-K split 2 and 3 ways (~3 min)
 #     configs_long_k the GEMMs that the long-K pingpong rule (PINGPONG_MIN_WAVE_GAIN) moved off
 #                    cooperative 128x256, held 0.5 s x 4 beside that config, at the sweep shapes
 #                    where it flips them (T=16384 d=8192 swiglu, T=8192 d=5120 swiglu h=13824,
@@ -85,6 +88,7 @@ declare -A CMD=(
   [streamk]="timeout 170 python3 tools/pytest_shards.py 12 -m gpu tests/kernels/test_stream_k_gpu.py; for h in 14336 7168; do timeout 150 $BENCH configs --h \$h --only fc2,dx,dW2,dW1 --also stream_k=1; done"
   [streamk_fill]="timeout 240 python3 tools/pytest_shards.py 12 -m gpu tests/kernels/test_stream_k_gpu.py; timeout 150 $BENCH configs --T 65536 --d 1024 --h 1024 --act gelu_tanh_approx --only dW2,dW1 --also stream_k=1; timeout 150 $BENCH configs --T 65536 --d 2048 --h 704 --act swiglu --only dW2 --also stream_k=1"
   [configs_small]="timeout 200 python3 tools/pytest_shards.py 8 -m gpu tests/kernels/test_stream_k_gpu.py tests/kernels/test_tile_narrow_gpu.py tests/kernels/test_ops_gpu.py -k 't64 or t128 or t256 or 64_wide or rasterization'; timeout 100 $BENCH configs --T 512 --d 1024 --h 2816 --act swiglu --graphed 20 --hold-s 0.4 --only fc1,fc2,dx,dpost --also tile_n=128 --also tile_n=64; timeout 100 $BENCH configs --T 512 --d 1024 --h 2816 --act swiglu --graphed 20 --hold-s 0.4 --only fc2,dx --also stream_k=1; timeout 100 $BENCH configs --T 4096 --d 1024 --h 4096 --act gelu_tanh_approx --graphed 20 --hold-s 0.4 --only fc1,fc2,dx,dpost --also cluster_m=2 --also cluster_m=1; timeout 100 $BENCH configs --T 1000 --d 5120 --h 10240 --act gelu_tanh_approx --graphed 20 --hold-s 0.4 --only fc2,dx --also cluster_m=1; timeout 100 $BENCH configs --T 65536 --d 1024 --h 1024 --act gelu_tanh_approx --hold-s 0.5 --only dW2,dW1 --also stream_k=0,tile_n=128,cluster_m=1 --also stream_k=0,tile_n=64,cluster_m=1; timeout 100 $BENCH configs --T 65536 --d 2048 --h 704 --act swiglu --hold-s 0.5 --only dW2,dW1 --also stream_k=0,tile_n=128,cluster_m=1"
+  [splitk]="timeout 200 python3 tools/pytest_shards.py 8 -m gpu tests/kernels/test_stream_k_gpu.py -k split; timeout 100 $BENCH configs --T 512 --d 1024 --h 2816 --act swiglu --graphed 20 --hold-s 0.4 --rounds 4 --only fc1,fc2,dx,dW2,dW1 --also stream_k=1,stream_k_split=2 --also stream_k=1,stream_k_split=3; timeout 100 $BENCH configs --T 512 --d 8192 --h 2752 --act swiglu --graphed 20 --hold-s 0.4 --rounds 4 --only fc1,fc2,dx --also stream_k=1,stream_k_split=2; timeout 100 $BENCH configs --T 1000 --d 5120 --h 10240 --act gelu_tanh_approx --graphed 20 --hold-s 0.4 --rounds 4 --only fc2,dx --also stream_k=1,stream_k_split=2"
   [configs_long_k]="timeout 90 $BENCH configs --hold-s 0.5 --rounds 4 --also consumers=cooperative,tile_n=256 --T 16384 --d 8192 --h 11008 --act swiglu --only fc2,dx; timeout 60 $BENCH configs --hold-s 0.5 --rounds 4 --also consumers=cooperative,tile_n=256 --T 8192 --d 5120 --h 13824 --act swiglu --only dW2; timeout 60 $BENCH configs --hold-s 0.5 --rounds 4 --also consumers=cooperative,tile_n=256 --T 8192 --d 4096 --h 16384 --act gelu_tanh_approx --only dW2; timeout 60 $BENCH configs --hold-s 0.5 --rounds 4 --also consumers=cooperative,tile_n=256 --T 8192 --d 8192 --h 5504 --act swiglu --only dx; timeout 60 $BENCH configs --hold-s 0.5 --rounds 4 --also consumers=cooperative,tile_n=256 --T 2048 --d 8192 --h 32768 --act gelu_tanh_approx --only fc1"
   [gemm]="timeout 500 $BENCH gemm --budget-s 420 --json $OUT/gemm.json"
   [mlp]="timeout 200 $BENCH mlp --skip-compile --iters 15 --warmup 3 --budget-s 170 --json $OUT/mlp.json"
@@ -105,7 +109,7 @@ declare -A CMD=(
   [full]="timeout 570 $BENCH --budget-s 420 --json $OUT/bench.json --png $OUT/bench.png"
   [ncu]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 5 --launch-count 5 --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis $BENCH ncu-cases"
 )
-ORDER=(tests_kernels tests_layer tests_defaults tests_all streamk streamk_fill configs_small configs_long_k gemm mlp sweep sweep_small sweep_graphed tp tp_sp profile small_step_variants timing_spread host_step host_stages host_env host_phases cold clock full ncu)
+ORDER=(tests_kernels tests_layer tests_defaults tests_all streamk streamk_fill configs_small splitk configs_long_k gemm mlp sweep sweep_small sweep_graphed tp tp_sp profile small_step_variants timing_spread host_step host_stages host_env host_phases cold clock full ncu)
 
 steps=("$@")
 if [ ${#steps[@]} -eq 0 ]; then
