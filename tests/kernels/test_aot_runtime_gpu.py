@@ -54,16 +54,28 @@ def cases():
     }
 
 
+def forget_loaded_kernels():
+    """Empty the kernel table and the ops' launch plans: a plan holds the function it launched,
+    so a launch of a shape seen before would reuse the DSL's function and never reach the cache."""
+    from parallel_mlp.kernels import compile as kc
+    from parallel_mlp.kernels import ops
+
+    kc._memory.clear()
+    ops._plans.clear()
+
+
 @pytest.fixture
 def fresh_cache(tmp_path, monkeypatch):
     from parallel_mlp.kernels import compile as kc
+    from parallel_mlp.kernels import ops
 
     monkeypatch.setenv("PARALLEL_MLP_CACHE_DIR", str(tmp_path))
-    saved = dict(kc._memory)
-    kc._memory.clear()
+    saved, saved_plans = dict(kc._memory), dict(ops._plans)
+    forget_loaded_kernels()
     yield tmp_path
-    kc._memory.clear()
+    forget_loaded_kernels()
     kc._memory.update(saved)
+    ops._plans.update(saved_plans)
 
 
 def test_c_runtime_launch_is_bitwise_the_dsl_launch(fresh_cache):
@@ -76,7 +88,7 @@ def test_c_runtime_launch_is_bitwise_the_dsl_launch(fresh_cache):
     by_dsl = {name: [t.clone() for t in run() if t is not None] for name, run in ops_by_name.items()}
     compiled = dict(kc._memory)
     assert compiled and not any(isinstance(f, aot_runtime.LoadedKernel) for f in compiled.values())
-    kc._memory.clear()  # now every kernel comes from the disk cache, through the C runtime
+    forget_loaded_kernels()  # now every kernel comes from the disk cache, through the C runtime
     by_c = {name: [t.clone() for t in run() if t is not None] for name, run in ops_by_name.items()}
     assert set(kc._memory) == set(compiled)
     assert all(isinstance(f, aot_runtime.LoadedKernel) for f in kc._memory.values())
