@@ -153,7 +153,8 @@ class GemmConfig:
     # tile, the grid capped at tile clusters x stream_k_split, so that each tile's K blocks are
     # cut into that many contiguous pieces (split-K, reduced through stream-K's workspace in the
     # same fixed order); 0 shares them over the whole grid. A partial last wave after full ones
-    # takes the whole grid either way. No default config sets it.
+    # takes the whole grid either way. No default config sets it: at the few-tile GEMMs of T=512
+    # it ran slower than the default (kernels/NOTES.md, "Stream-K").
     stream_k_split: int = 0
 
     def __post_init__(self):
