@@ -156,8 +156,9 @@ def dact_prefetch_variants(quick: bool = False):
 
 def pingpong_variants(quick: bool = False):
     """The pingpong consumers (config.consumers): every epilogue kind at two of its tiles (128x128:
-    two m64 atoms per warpgroup; 64x256), a 2x1 cluster, the dynamic scheduler, and the four
-    epilogue kinds of the 128x192 and 192x128 tiles. --quick keeps
+    two m64 atoms per warpgroup; 64x256), a 2x1 cluster, the dynamic scheduler, the four
+    epilogue kinds of the 128x192 and 192x128 tiles, and the act and dact of the 64x128 and 64x64
+    tiles. --quick keeps
     one of each epilogue channel kind (acc-shaped, half-width postact, double-width dpreact with the
     preact load, reduce-add) plus the cluster."""
     def pp(tm, tn, cm=1, sched="static"):
@@ -194,6 +195,10 @@ def pingpong_variants(quick: bool = False):
         KernelKey(EpilogueSpec("accumulate"), pp(128, 192, 2), "bfloat16", "col", "col", "float32"),
         KernelKey(EpilogueSpec("act", "swiglu"), pp(128, 192, 2), "bfloat16", "row", "row", "bfloat16"),
         KernelKey(EpilogueSpec("dact", "swiglu"), pp(128, 192, 2), "bfloat16", "row", "col", "bfloat16"),
+        # 64-row tiles of 128 and 64 columns (one m64 atom per warpgroup): more tiles for GEMMs
+        # of few 128-row tiles
+        KernelKey(EpilogueSpec("act", "swiglu"), pp(64, 128), "bfloat16", "row", "col", "bfloat16"),
+        KernelKey(EpilogueSpec("dact", "swiglu"), pp(64, 64), "bfloat16", "row", "col", "bfloat16"),
         # 192x128 (three m64 atoms per warpgroup) with a 1x2 cluster and 16-column subtiles
         # (the 192-row epilogue buffers leave 4 stages at 32 columns, 5 at 16)
         KernelKey(EpilogueSpec("store"), pp192x128, "bfloat16", "row", "col", "bfloat16"),

@@ -53,8 +53,8 @@ def test_selfcheck_compiles_pingpong_variants():
         assert kinds == {"store", "accumulate", "act", "dact"}
         assert any(k.config.cluster_m == 2 for k in pp)
         tiles = {(k.config.tile_m, k.config.tile_n) for k in pp}
-        assert {(128, 128), (64, 256)} <= tiles <= {(128, 128), (64, 256), (128, 160), (128, 192), (192, 128)}
-        assert quick or {(128, 160), (128, 192), (192, 128)} <= tiles
+        assert {(128, 128), (64, 256)} <= tiles <= {(128, 128), (64, 256), (64, 128), (64, 64), (128, 160), (128, 192), (192, 128)}
+        assert quick or {(64, 128), (64, 64), (128, 160), (128, 192), (192, 128)} <= tiles
 
 
 def test_default_config_is_pingpong_at_big_shapes():

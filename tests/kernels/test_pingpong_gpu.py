@@ -4,7 +4,7 @@ Each test checks the pingpong kernel against the fp32 reference by DESIGN.md's t
 helpers of test_ops_gpu) AND bitwise against a cooperative kernel whose warpgroups issue the same
 WGMMA instruction shape: pingpong 128x128 (one warpgroup, two m64n128 atoms along M) against
 cooperative 128x128 (two warpgroups, one m64n128 atom each), pingpong 64x256 against cooperative
-128x256 (m64n256 atoms). Why bitwise must hold: every output element is accumulated in fp32 from
+128x256 (m64n256 atoms), pingpong 64x128 and 64x64 against cooperative 128x128 and 128x64. Why bitwise must hold: every output element is accumulated in fp32 from
 zero by the same sequence of WGMMAs (same instruction, K slices of 64 in order, k16 steps in
 order), and the epilogue applies the same per-element math (visit) to the same fp32 value; only
 which warpgroup (and when) computes a tile differs. A bitwise failure with the tolerance passing
@@ -26,9 +26,11 @@ from test_ops_gpu import check, operand, requires_sm90  # same directory: pytest
 
 pytestmark = [pytest.mark.gpu, requires_sm90]
 
-# pingpong tile -> the cooperative config with the same WGMMA instruction shape
-PAIRS = {(128, 128): (128, 128), (64, 256): (128, 256)}
+# pingpong tile -> the cooperative config with the same WGMMA instruction shape; the 64-row tiles
+# of 64 and 128 columns are the candidates for GEMMs with fewer 128-row tiles than SMs
+PAIRS = {(128, 128): (128, 128), (64, 256): (128, 256), (64, 128): (128, 128), (64, 64): (128, 64)}
 TILES = list(PAIRS)
+TILE_IDS = [f"{m}x{n}" for m, n in TILES]
 
 
 def _configs(tile, cluster=(1, 1), scheduler="static"):
@@ -42,7 +44,7 @@ def _configs(tile, cluster=(1, 1), scheduler="static"):
 GEMM_SHAPES = [(1000, 4000, 48), (2048, 512, 2304), (1000, 64, 4096), (64, 128, 256)]
 
 
-@pytest.mark.parametrize("tile", TILES)
+@pytest.mark.parametrize("tile", TILES, ids=TILE_IDS)
 @pytest.mark.parametrize("a_major,b_major", [("row", "row"), ("row", "col"), ("col", "row"), ("col", "col")])
 @pytest.mark.parametrize("shape", GEMM_SHAPES)
 def test_pingpong_gemm(shape, a_major, b_major, tile):
@@ -57,7 +59,7 @@ def test_pingpong_gemm(shape, a_major, b_major, tile):
     assert torch.equal(got, ops.gemm(a, b, config=coop)), f"pingpong != cooperative {shape} {tile}"
 
 
-@pytest.mark.parametrize("tile", TILES)
+@pytest.mark.parametrize("tile", TILES, ids=TILE_IDS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape", [(1000, 4000, 48), (2048, 512, 2304)])
 def test_pingpong_gemm_dtypes_fp32_out(shape, dtype, tile):
@@ -75,7 +77,7 @@ def test_pingpong_gemm_dtypes_fp32_out(shape, dtype, tile):
     assert torch.equal(got32, ops.gemm(a, b, out_dtype=torch.float32, config=coop))
 
 
-@pytest.mark.parametrize("tile", TILES)
+@pytest.mark.parametrize("tile", TILES, ids=TILE_IDS)
 @pytest.mark.parametrize("shape", [(1000, 4000, 1048), (2048, 512, 3072)])
 def test_pingpong_accumulate(shape, tile):
     """The main-grad path (TMA reduce-add): every tile added exactly once per launch."""
@@ -95,7 +97,7 @@ def test_pingpong_accumulate(shape, tile):
 
 
 # N = 1040: a tail in N whose gated half-width rows TMA can still store.
-@pytest.mark.parametrize("tile", TILES)
+@pytest.mark.parametrize("tile", TILES, ids=TILE_IDS)
 @pytest.mark.parametrize("shape", [(1000, 4000, 1040), (2048, 512, 2304)])
 @pytest.mark.parametrize(
     "act,bias,store_preact",
@@ -123,7 +125,7 @@ def test_pingpong_act(act, bias, store_preact, shape, tile):
         assert torch.equal(pre, pre_c)
 
 
-@pytest.mark.parametrize("tile", TILES)
+@pytest.mark.parametrize("tile", TILES, ids=TILE_IDS)
 @pytest.mark.parametrize("shape", [(1000, 4000, 1040), (2048, 512, 2304)])
 @pytest.mark.parametrize("act", ["swiglu", "relu"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
