@@ -149,13 +149,6 @@ class GemmConfig:
     # cluster, partial sums reduced in a fixed order through an fp32 workspace (tile_scheduler,
     # "Stream-K"). Deterministic, but not bitwise equal to the whole-tile kernel.
     stream_k: bool = False
-    # With stream_k and fewer tile clusters than the grid holds: at most this many pieces per
-    # tile, the grid capped at tile clusters x stream_k_split, so that each tile's K blocks are
-    # cut into that many contiguous pieces (split-K, reduced through stream-K's workspace in the
-    # same fixed order); 0 shares them over the whole grid. A partial last wave after full ones
-    # takes the whole grid either way. No default config sets it: at the few-tile GEMMs of T=512
-    # it ran slower than the default (kernels/NOTES.md, "Stream-K").
-    stream_k_split: int = 0
 
     def __post_init__(self):
         if self.tile_m not in (64, 128, 192, 256):
@@ -215,11 +208,6 @@ class GemmConfig:
                 f"stream_k=True with consumers={self.consumers!r}, scheduler={self.scheduler!r}: "
                 "stream-K needs consumers='cooperative' and scheduler='static'"
             )
-        if self.stream_k_split and not (self.stream_k and 2 <= self.stream_k_split <= 16):
-            raise ValueError(
-                f"stream_k_split={self.stream_k_split} with stream_k={self.stream_k}: the pieces per "
-                "tile of stream-K over too few tiles, 2 to 16, and only with stream_k=True (0: off)"
-            )
         if self.stream_k and self.tile_m > 128:
             raise ValueError(f"stream_k=True with tile_m={self.tile_m}: stream-K tiles have at most 128 rows")
         if self.cache_hints not in CACHE_HINTS:
@@ -249,7 +237,6 @@ class GemmConfig:
         st += "" if self.epi_n == 32 else f"_e{self.epi_n}"
         st += "" if self.cache_hints == "normal" else f"_l2{self.cache_hints}"
         st += "_sk" if self.stream_k else ""
-        st += f"{self.stream_k_split}" if self.stream_k_split else ""
         return (
             f"t{self.tile_m}x{self.tile_n}_c{self.cluster_m}x{self.cluster_n}"
             f"_g{self.raster_group}_sm{self.num_sms}{sched}{cons}{pf}{l2}{st}"

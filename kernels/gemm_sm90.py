@@ -281,7 +281,7 @@ class PersistentGemmSm90:
         k_blocks = None
         if cutlass.const_expr(self.stream_k):
             k_blocks = (cute.size(mA, mode=[1]) + self.tile_shape_mnk[2] - 1) // self.tile_shape_mnk[2]
-        grid = tile_scheduler.grid_shape(sched_params, self.max_active_clusters, k_blocks, self.cfg.stream_k_split)
+        grid = tile_scheduler.grid_shape(sched_params, self.max_active_clusters, k_blocks)
 
         def cosize(c):
             return cute.cosize(self.ch_layout[c]) if self.ch_width[c] else 1

@@ -258,7 +258,7 @@ def _stream_k_words(m: int, n: int, k: int, cfg) -> tuple[int, int]:
     cs = cfg.cluster_m * cfg.cluster_n
     waves, rem, full = cluster_waves(cfg, m, n)
     clusters = waves * full + rem
-    grid = stream_k_grid(clusters, -(-k // TILE_K), full, cfg.stream_k_split)  # the launch's, as the kernel picks it
+    grid = stream_k_grid(clusters, -(-k // TILE_K), full)  # the launch's, as the kernel picks it
     words = stream_k_workspace_words(clusters, grid, cs, cfg.tile_m * cfg.tile_n)
     return words, min(words, max(1, stream_k_flag_words(clusters % grid, cs)))
 

@@ -76,14 +76,11 @@ def variants(quick: bool = False):
 
 def stream_k_variants(quick: bool = False):
     """Stream-K (config.stream_k) for the store and accumulate epilogues: the 2x1-cluster
-    cooperative 128x256 of the long-K GEMMs, a 1x1 cluster and fp16; split-K over too few tiles
-    (stream_k_split) in the 128x64 tiles of a T=512 step's fc2."""
+    cooperative 128x256 of the long-K GEMMs, a 1x1 cluster and fp16."""
     c = GemmConfig(128, 256, 2, 1, 16, stream_k=True)
     keys = [
         KernelKey(EpilogueSpec("store"), c, "bfloat16", "row", "col", "bfloat16"),
         KernelKey(EpilogueSpec("accumulate"), dataclasses.replace(c, l2_prefetch=True), "bfloat16", "col", "col", "float32"),
-        KernelKey(EpilogueSpec("store"), GemmConfig(128, 64, 1, 1, 8, stream_k=True, stream_k_split=2),
-                  "bfloat16", "row", "row", "bfloat16"),
     ]
     if not quick:
         keys += [

@@ -66,33 +66,25 @@ def make_params(tiles_mnl, cluster_shape_mn, raster_group: int) -> RasterParams:
     )
 
 
-def grid_shape(params: RasterParams, max_active_clusters: int, stream_k_blocks=None,
-               stream_k_split: int = 0):
+def grid_shape(params: RasterParams, max_active_clusters: int, stream_k_blocks=None):
     """The persistent grid, the same for both schedulers: (cluster_m, cluster_n, clusters), with
     one cluster per output tile cluster at most (a problem of 8 tiles launches 8 CTAs).
 
     Stream-K (``stream_k_blocks``: the K blocks of one tile) fills the whole grid even when there
     are fewer tile clusters than it holds: their K blocks are then shared by every cluster, but
-    never by more clusters than there are K blocks, so that every cluster has work, and with
-    ``stream_k_split`` by at most that many clusters per tile. The host sizes the workspace by
-    the same rule (``stream_k_grid``)."""
+    never by more clusters than there are K blocks, so that every cluster has work. The host
+    sizes the workspace by the same rule (``stream_k_grid``)."""
     tiles = params.clusters_m * params.clusters_n
     if cutlass.const_expr(stream_k_blocks is None):
         clusters = cutlass.min(tiles, Int32(max_active_clusters))
     else:
-        pieces = cutlass.max(stream_k_blocks, 1)
-        if cutlass.const_expr(stream_k_split > 0):
-            pieces = cutlass.min(pieces, Int32(stream_k_split))
-        clusters = cutlass.min(tiles * pieces, Int32(max_active_clusters))
+        clusters = cutlass.min(tiles * cutlass.max(stream_k_blocks, 1), Int32(max_active_clusters))
     return (*params.cluster_shape_mn, clusters)
 
 
-def stream_k_grid(tile_clusters: int, k_blocks: int, max_active_clusters: int, split: int = 0) -> int:
+def stream_k_grid(tile_clusters: int, k_blocks: int, max_active_clusters: int) -> int:
     """Host side: the clusters a stream-K launch runs (grid_shape's rule)."""
-    pieces = max(1, k_blocks)
-    if split:
-        pieces = min(pieces, split)
-    return min(tile_clusters * pieces, max_active_clusters)
+    return min(tile_clusters * max(1, k_blocks), max_active_clusters)
 
 
 @cute.jit

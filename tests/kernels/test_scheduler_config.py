@@ -68,14 +68,6 @@ def test_stream_k_validation():
         GemmConfig(256, 128, stream_k=True)
 
 
-def test_stream_k_split_validation_and_key():
-    assert GemmConfig(128, 64, stream_k=True, stream_k_split=2).key.endswith("_sk2")
-    assert GemmConfig(128, 64, stream_k=True).key.endswith("_sk")
-    for bad in (dict(stream_k_split=2), dict(stream_k=True, stream_k_split=1), dict(stream_k=True, stream_k_split=17)):
-        with pytest.raises(ValueError, match=r"stream_k_split=\d+ with stream_k=(True|False): the pieces per tile"):
-            GemmConfig(128, 64, **bad)
-
-
 def test_stream_k_workspace_size():
     """Flags for the partial wave's CTA tiles (zeroed, padded to 32 words), then one fp32 slot of
     tile_m x tile_n per CTA of the grid; a single word when the waves are all full."""
@@ -98,32 +90,20 @@ def test_stream_k_workspace_size():
     assert _stream_k_workspace(1024, 512, 192, cfg, cpu).numel() == 32 + 48 * 128 * 256
     # one K block: each tile is one piece, whole tiles on 8 clusters
     assert _stream_k_workspace(1024, 512, 64, cfg, cpu).numel() == 1
-    # split-K over too few tiles: fc2 of a T=512 d=1024 step in 128x64 tiles (4 x 16 = 64 tiles,
-    # 44 K blocks) split 2 ways on 128 CTAs: 64 flags, 128 slots of 128 x 64
-    split = GemmConfig(128, 64, 1, 1, 8, stream_k=True, stream_k_split=2)
-    assert _stream_k_workspace(512, 1024, 2816, split, cpu).numel() == 64 + 128 * 128 * 64
-    # ... and a partial wave after full ones takes the whole grid, split or not
-    assert (_stream_k_workspace(8192, 4096, 7168, dataclasses.replace(cfg, stream_k_split=2), cpu).numel()
-            == 128 + 132 * 128 * 256)
 
 
-@pytest.mark.parametrize("tiles,k_blocks,split,grid", [
-    ((20, 20), 112, 0, 132),  # a partial last wave: the whole grid
-    ((20, 20), 112, 2, 132),  # ... split or not
-    ((8, 8), 1024, 0, 132),   # 64 tiles of K = 65536 (the wgrads at T=65536 d=1024): the whole grid
-    ((8, 8), 1024, 2, 128),   # split 2 ways: two clusters per tile
-    ((4, 16), 44, 3, 132),    # 64 tiles split 3 ways: more than the grid holds
-    ((4, 2), 3, 0, 24),       # never more clusters than K blocks, so that each has work
-    ((4, 2), 3, 4, 24),
-    ((4, 2), 1, 0, 8), ((4, 2), 0, 0, 8), ((4, 2), 1, 2, 8),
+@pytest.mark.parametrize("tiles,k_blocks,grid", [
+    ((20, 20), 112, 132),  # a partial last wave: the whole grid
+    ((8, 8), 1024, 132),   # 64 tiles of K = 65536 (the wgrads at T=65536 d=1024): the whole grid
+    ((4, 2), 3, 24),       # never more clusters than K blocks, so that each has work
+    ((4, 2), 1, 8), ((4, 2), 0, 8),
 ])
-def test_the_kernels_stream_k_grid_is_the_one_the_host_sizes_its_workspace_for(tiles, k_blocks, split, grid):
+def test_the_kernels_stream_k_grid_is_the_one_the_host_sizes_its_workspace_for(tiles, k_blocks, grid):
     pytest.importorskip("cutlass")
     from parallel_mlp.kernels.tile_scheduler import grid_shape, make_params, stream_k_grid
 
     params = make_params((*tiles, 1), (1, 1), 8)
-    assert (int(grid_shape(params, 132, k_blocks, split)[2])
-            == stream_k_grid(tiles[0] * tiles[1], k_blocks, 132, split) == grid)
+    assert int(grid_shape(params, 132, k_blocks)[2]) == stream_k_grid(tiles[0] * tiles[1], k_blocks, 132) == grid
     # whole tiles: one cluster per tile cluster at most
     assert int(grid_shape(params, 132)[2]) == min(tiles[0] * tiles[1], 132)
 
@@ -258,7 +238,7 @@ def test_a_stream_k_owner_reads_the_slots_of_every_later_cluster_that_starts_in_
     """The owner's loop runs over the clusters after it up to stream_k_clusters_starting_before
     its tile's end, not the whole grid: the same slots in the same order (so the same bits),
     each tile's K blocks covered exactly once, over grids, tile counts and K lengths that give
-    1 to 132 pieces per tile, split-K's exact splits among them."""
+    1 to 132 pieces per tile."""
     from parallel_mlp.kernels.tile_scheduler import stream_k_clusters_starting_before
 
     def whole(tile_end, g, sk):

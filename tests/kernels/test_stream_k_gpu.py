@@ -6,7 +6,7 @@ the fp32 reference, the same bits on every run (the owner adds the partial sums 
 order), and agreement with the whole-tile kernel within rounding. `num_sms` shrinks the grid
 so that small problems have full waves, a partial last wave, tiles split two ways and tiles
 split many ways with some clusters' segments empty; and problems with fewer tiles than the grid
-holds, whose K blocks every cluster shares, or at most stream_k_split clusters per tile.
+holds, whose K blocks every cluster shares.
 """
 
 import dataclasses
@@ -40,11 +40,6 @@ def _configs(name):
         "c1x1_t256": GemmConfig(128, 256, 1, 1, 8, stream_k=True),
         # 128x64 tiles: the short-K under-filled GEMMs' default tile, shared over the grid
         "c1x1_t64": GemmConfig(128, 64, 1, 1, 8, stream_k=True),
-        # split-K: at most 2 or 3 pieces per tile (stream_k_split), the grid capped at tiles x that
-        "c1x1_t64_split2": GemmConfig(128, 64, 1, 1, 8, stream_k=True, stream_k_split=2),
-        "c1x1_t128_split3": GemmConfig(128, 128, 1, 1, 8, stream_k=True, stream_k_split=3),
-        "c2x1_t256_split2": GemmConfig(128, 256, 2, 1, 8, stream_k=True, stream_k_split=2),
-        "c1x1_sm7_split2": GemmConfig(128, 256, 1, 1, 8, num_sms=7, stream_k=True, stream_k_split=2),
     }[name]
 
 
@@ -80,17 +75,6 @@ UNDERFILLED = [
     ("c1x1_t256", (256, 40000, 512)),
     ("c1x1_t256", (104, 40000, 304)),
     ("c2x1_t256", (512, 40000, 768)),
-    # split-K over too few tiles: fc2 and dx of a T=512 d=1024 step in 128x64 tiles (64 tiles,
-    # 128 CTAs, 22 of 44 K blocks each; dx with an N tail), fc1 of T=512 d=8192 in 128x128
-    # (4 x 43 = 172 tiles > 132: a partial wave, so the whole grid), 16 tiles 3 ways at K = 2816
-    # with an M tail, 2x1 clusters 2 ways, and 2 tiles 2 ways on 4 of 7 clusters (K = 200: 4
-    # blocks, pieces of 2)
-    ("c1x1_t64_split2", (512, 2816, 1024)),
-    ("c1x1_t64_split2", (512, 5632, 1000)),
-    ("c1x1_t128_split3", (512, 8192, 5504)),
-    ("c1x1_t128_split3", (504, 2816, 512)),
-    ("c2x1_t256_split2", (1000, 4096, 1024)),
-    ("c1x1_sm7_split2", (256, 200, 256)),
 ]
 # Output rows that TMA cannot store (N = 700 and 300 in bf16: 1400 and 600 bytes; B
 # column-major, so its own rows are K long), computed in padded rows: launched on the unpadded
@@ -112,7 +96,7 @@ def test_stream_k_gemm(name, shape, b_major):
     got = ops.gemm(a, b, config=cfg)
     check(got, a.float() @ b.float(), a @ b, f"{name} stream-K gemm {shape} b:{b_major}")
     assert torch.equal(got, ops.gemm(a, b, config=cfg)), f"{name}: stream-K gemm {shape} not deterministic"
-    whole = ops.gemm(a, b, config=dataclasses.replace(cfg, stream_k=False, stream_k_split=0))
+    whole = ops.gemm(a, b, config=dataclasses.replace(cfg, stream_k=False))
     check(got, a.float() @ b.float(), whole, f"{name} stream-K vs whole tiles {shape}")
 
 
@@ -125,7 +109,7 @@ def test_output_rows_tma_cannot_store(name, shape):
     a = operand(m, k, "row", torch.bfloat16, k ** -0.5)
     b = operand(k, n, "col", torch.bfloat16)
     ref, lowp = a.float() @ b.float(), a @ b
-    for c in (cfg, dataclasses.replace(cfg, stream_k=False, stream_k_split=0), None):
+    for c in (cfg, dataclasses.replace(cfg, stream_k=False), None):
         got = ops.gemm(a, b, config=c)
         assert got.is_contiguous() and got.shape == (m, n)
         check(got, ref, lowp, f"{c} gemm {shape}, output rows of {n * 2} bytes")
