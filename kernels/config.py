@@ -303,6 +303,18 @@ STREAM_K_MIN_K = 4096
 # 0.033 ms against whole tiles' 0.016 and 0.028. The partial sums (16.5 MiB of fp32 on 132
 # SMs) then are a small share of the traffic.
 UNDERFILLED_STREAM_K_MIN_K = 32768
+# Below two waves of 128x256 tiles (not ``is_big``), the default's cooperative 128x128 tiles (whole
+# or stream-K) and whole 128x256 tiles give way to whole 128x192 tiles where those need at most
+# this share of the columns of tile time (``wave_columns``): e.g. fc1 at T=512, N = 5632: 176 tiles
+# of 128x128 in two waves on 132 SMs (256 columns) against 120 of 128x192 in one (192). Held as
+# CUDA graphs of 20 calls on an H200, 2026-12-02 (`bash tools/gpu_run.sh configs_wave`, x cuBLAS,
+# default -> 128x192): T=512 d=1024 swiglu fc1 + act 0.694 -> 0.843, dW2 += 0.820 -> 0.994, dW1 +=
+# 0.802 -> 0.945; T=512 d=8192 fc1 + act (stream-K 128x128) 0.803 -> 0.895; T=2048 d=2048 swiglu
+# dact 0.638 -> 0.680, dW2 += 0.877 -> 1.011; T=8192 d=1024 dW2 += (stream-K 128x128) 0.897 ->
+# 0.981. Stream-K in 128x256 tiles balances its last wave better than 192's whole tiles do, so it
+# stays: T=8192 d=1024 dW1 += 1.047 against 0.991, T=1000 d=5120 fc2 and dx 0.917-0.923 against
+# 0.889. From UNDERFILLED_STREAM_K_MIN_K up (the wgrads at T=65536), not timed: the default stays.
+WIDE_WAVES_MAX_SHARE = 0.8
 # 2x1 clusters (the pair shares its B tile through TMA multicast) for GEMMs of at least this many
 # rows. Held on an H200, 2026-12-01 (bench configs --T 1000 --d 5120 --h 10240 --act
 # gelu_tanh_approx --graphed 20 --hold-s 0.4 --only fc2,dx --also cluster_m=2): fc2 and dx,
@@ -353,6 +365,21 @@ def with_stream_k(cfg: GemmConfig, m: int, n: int, k: int, kind: str) -> GemmCon
     return cfg
 
 
+def with_fewer_waves(cfg: GemmConfig, m: int, n: int, k: int) -> GemmConfig:
+    """cfg, a cooperative 128x128 (whole or stream-K) or whole 128x256 config of a GEMM below
+    ``is_big``, as whole 128x192 tiles in the same clusters where those take at most
+    WIDE_WAVES_MAX_SHARE of its whole tiles' columns of tile time, at K below
+    UNDERFILLED_STREAM_K_MIN_K. Independent of the epilogue kind, so that act and store (fc1 and
+    recompute's replay of it) still decide alike."""
+    if k >= UNDERFILLED_STREAM_K_MIN_K or (cfg.tile_n, cfg.stream_k) == (256, True):
+        return cfg
+    whole = dataclasses.replace(cfg, stream_k=False)
+    wide = dataclasses.replace(whole, tile_n=192)
+    if wave_columns(wide, m, n) <= WIDE_WAVES_MAX_SHARE * wave_columns(whole, m, n):
+        return wide
+    return cfg
+
+
 @functools.lru_cache(maxsize=4096)  # on every launch's path; a pure function of its arguments
 def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind: str = "store") -> GemmConfig:
     """Pick a config for an (M, N, K) problem and an epilogue kind without timing anything.
@@ -384,6 +411,11 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
     fc2 (512 x 1024 x 2816) ran 0.010 ms against 128x128's 0.016 and dx (K = 5632) 0.017
     against 0.028 (cuBLAS 0.007 and 0.013). The dact keeps 128x128 there: 128x64 ran 0.012 ms
     against 0.011.
+
+    Below two waves of 128x256 tiles, 128x128 tiles (whole or stream-K) and whole 128x256 tiles
+    become whole 128x192 tiles where those run enough fewer waves (``with_fewer_waves``,
+    WIDE_WAVES_MAX_SHARE: e.g. fc1 at T=512, d=1024, swiglu h=2816: one wave of 120 tiles
+    instead of two of 176, 0.015 -> 0.012 ms).
     """
     def waves(tm, tn):
         tiles = -(-m // tm) * -(-n // tn)
@@ -403,9 +435,11 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
                 return cooperative
         return pingpong
     if n > 128 and waves(128, 256) >= 1:
-        return with_stream_k(GemmConfig(128, 256, cm, 1, 8, num_sms, l2_prefetch=pf), m, n, k, kind)
+        return with_fewer_waves(
+            with_stream_k(GemmConfig(128, 256, cm, 1, 8, num_sms, l2_prefetch=pf), m, n, k, kind), m, n, k)
     if waves(128, 128) >= 1:
-        return with_stream_k(GemmConfig(128, 128, 1, 1, 8, num_sms, l2_prefetch=pf), m, n, k, kind)
+        return with_fewer_waves(
+            with_stream_k(GemmConfig(128, 128, 1, 1, 8, num_sms, l2_prefetch=pf), m, n, k, kind), m, n, k)
     if kind == "dact":
         return GemmConfig(128, 64 if n <= 64 else 128, 1, 1, 8, num_sms, l2_prefetch=pf)
     if k >= UNDERFILLED_STREAM_K_MIN_K:

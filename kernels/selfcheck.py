@@ -94,7 +94,8 @@ def default_mlp_variants(quick: bool = False):
     """The kernels ops launches by default for an MLP at T=8192, d=4096 (swiglu h=14336, and
     with biases), which warm-up compiles; and, but for --quick, those of steps with fewer tiles
     than SMs: 128x64 tiles at T=512, stream-K over the whole grid for the wgrads at T=65536,
-    d=1024."""
+    d=1024, and the cooperative 128x192 tiles of GEMMs that run fewer waves in them (T=512
+    d=1024, T=2048 d=2048 swiglu; config.with_fewer_waves)."""
     from .warmup import mlp_keys
 
     keys = mlp_keys(8192, 4096, 14336, "swiglu")
@@ -103,7 +104,8 @@ def default_mlp_variants(quick: bool = False):
         # one key per config, operand layout and epilogue kind, not every variant of each
         few = {(k.config, k.a_major, k.b_major, k.epilogue.kind): k
                for k in mlp_keys(512, 1024, 256, "swiglu") + mlp_keys(65536, 1024, 1024, "gelu_tanh_approx")
-               if k.config.tile_n == 64 or k.config.stream_k}
+               + mlp_keys(512, 1024, 2816, "swiglu") + mlp_keys(2048, 2048, 2816, "swiglu")
+               if k.config.tile_n in (64, 192) and k.config.consumers == "cooperative" or k.config.stream_k}
         keys += few.values()
     return list(dict.fromkeys(keys))
 

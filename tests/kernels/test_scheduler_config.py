@@ -259,3 +259,48 @@ def test_a_stream_k_owner_reads_the_slots_of_every_later_cluster_that_starts_in_
                 r = stream_k_clusters_starting_before(e, grid, sk)
                 assert r >= grid or (r * sk) // grid >= e
                 assert r == 0 or ((r - 1) * sk) // grid < e
+
+
+def test_gemms_below_two_wide_waves_take_128x192_where_it_runs_fewer_waves():
+    """with_fewer_waves: the default's cooperative 128x128 tiles (whole or stream-K) and whole
+    128x256 tiles become whole 128x192 tiles, in the same clusters, where those need at most
+    WIDE_WAVES_MAX_SHARE of the columns of tile time; stream-K 128x256, big GEMMs and K from
+    UNDERFILLED_STREAM_K_MIN_K keep their config. The GEMMs timed for the rule, on 132 SMs."""
+    from parallel_mlp.kernels.config import (
+        UNDERFILLED_STREAM_K_MIN_K,
+        WIDE_WAVES_MAX_SHARE,
+        default_config,
+        wave_columns,
+        with_fewer_waves,
+    )
+
+    def picked(m, n, k, kind):
+        c = default_config(m, n, k, 132, kind)
+        return c.tile_m, c.tile_n, c.cluster_m, c.consumers, c.stream_k
+
+    wide_1x1 = (128, 192, 1, "cooperative", False)
+    # T=512 d=1024 swiglu: fc1 (act and the recompute's plain replay alike), dW2; dW1 in 2x1 pairs
+    for kind in ("act", "store"):
+        assert picked(512, 5632, 1024, kind) == wide_1x1, kind
+    assert picked(1024, 2816, 512, "accumulate") == wide_1x1
+    assert picked(5632, 1024, 512, "accumulate") == (128, 192, 2, "cooperative", False)
+    # T=512 d=8192 fc1 and T=8192 d=1024 dW2: from stream-K 128x128 to whole 128x192
+    assert picked(512, 5504, 8192, "act") == wide_1x1
+    assert picked(1024, 2816, 8192, "accumulate") == wide_1x1
+    # T=2048 d=2048 swiglu: the dact and dW2, from whole 128x256 in 2x1 clusters
+    assert picked(2048, 2816, 2048, "dact") == (128, 192, 2, "cooperative", False)
+    assert picked(2048, 2816, 2048, "accumulate") == (128, 192, 2, "cooperative", False)
+    # stream-K 128x256 stays: T=8192 d=1024 dW1, T=1000 d=5120 fc2 and dx
+    assert picked(5632, 1024, 8192, "accumulate") == (128, 256, 2, "cooperative", True)
+    assert picked(1000, 5120, 10240, "store") == (128, 256, 2, "cooperative", True)
+    # one wave of 128x128 already (the dact at T=512 d=1024), and 192 no fewer waves (fc2 at
+    # T=512 d=8192: 172 tiles of 192 against 256 of 128 in 2 waves either way)
+    assert picked(512, 2816, 1024, "dact")[1] == 128
+    assert picked(512, 8192, 2752, "store")[1] == 128
+    # the wgrads at T=65536: not timed there, the long-K stream-K rules stay
+    assert picked(1408, 2048, 65536, "accumulate")[1] == 128
+    # the rule itself, on the T=512 fc1: 2 waves of 128 columns against 1 of 192
+    cfg = GemmConfig(128, 128, 1, 1, 8, 132)
+    assert wave_columns(cfg, 512, 5632) == 256
+    assert wave_columns(dataclasses.replace(cfg, tile_n=192), 512, 5632) == 192 <= WIDE_WAVES_MAX_SHARE * 256
+    assert with_fewer_waves(cfg, 512, 5632, UNDERFILLED_STREAM_K_MIN_K) == cfg

@@ -54,3 +54,40 @@ def test_tile192_gemm_act(act, bias, shape, name):
 @pytest.mark.parametrize("act", ["swiglu", "relu"])
 def test_tile192_dact(act, shape, name):
     dact_twins(*_twins(name), shape, act, name)
+
+
+# The cooperative 128x192 tiles the default gives GEMMs below two waves of 128x256 tiles where
+# they run fewer waves (config.with_fewer_waves), in 1x1 and 2x1 clusters, against cooperative
+# 128x128: the same k16 steps per output element in the same order. Shapes: the T=512 d=1024
+# swiglu fc1 (512 x 5632 x 1024), its wgrads (K = 512), the T=2048 d=2048 dact, and tails.
+COOP = {"coop192": (1, 1), "coop192_c2x1": (2, 1)}
+COOP_SHAPES = [(512, 1024, 5632), (1000, 1048, 1000), (2048, 2048, 2816)]
+
+
+def _coop_twins(name):
+    from parallel_mlp.kernels.config import GemmConfig
+
+    cm, cn = COOP[name]
+    return GemmConfig(128, 192, cm, cn, 8), GemmConfig(128, 128, cm, cn, 8)
+
+
+@pytest.mark.parametrize("name", list(COOP))
+@pytest.mark.parametrize("shape", COOP_SHAPES + [(5632, 512, 1024)])
+def test_cooperative_tile192_gemm_and_accumulate(shape, name):
+    cfg, twin = _coop_twins(name)
+    gemm_twins(cfg, twin, shape, what=name)
+    accumulate_twins(cfg, twin, shape, what=name)
+
+
+@pytest.mark.parametrize("name", list(COOP))
+@pytest.mark.parametrize("shape", COOP_SHAPES)
+@pytest.mark.parametrize("act,bias", [("swiglu", False), ("gelu_tanh_approx", True)])
+def test_cooperative_tile192_gemm_act(act, bias, shape, name):
+    act_twins(*_coop_twins(name), shape, act, bias, name)
+
+
+@pytest.mark.parametrize("name", list(COOP))
+@pytest.mark.parametrize("shape", COOP_SHAPES)
+@pytest.mark.parametrize("act", ["swiglu", "gelu_tanh_approx"])
+def test_cooperative_tile192_dact(act, shape, name):
+    dact_twins(*_coop_twins(name), shape, act, name)
