@@ -105,7 +105,7 @@ def default_mlp_variants(quick: bool = False):
         few = {(k.config, k.a_major, k.b_major, k.epilogue.kind): k
                for k in mlp_keys(512, 1024, 256, "swiglu") + mlp_keys(65536, 1024, 1024, "gelu_tanh_approx")
                + mlp_keys(512, 1024, 2816, "swiglu") + mlp_keys(2048, 2048, 2816, "swiglu")
-               if k.config.tile_n in (64, 192) and k.config.consumers == "cooperative" or k.config.stream_k}
+               if k.config.stream_k or (k.config.consumers == "cooperative" and k.config.tile_n in (64, 192))}
         keys += few.values()
     return list(dict.fromkeys(keys))
 
