@@ -6,8 +6,9 @@ WGMMA instruction shape: pingpong 128x128 (one warpgroup, two m64n128 atoms alon
 cooperative 128x128 (two warpgroups, one m64n128 atom each), pingpong 64x256 against cooperative
 128x256 (m64n256 atoms), pingpong 64x128 and 64x64 against cooperative 128x128 and 128x64. Why
 bitwise must hold: every output element is accumulated in fp32 from zero by the same sequence
-of WGMMAs (same instruction, K slices of 64 in order, k16 steps in order), and the epilogue applies the same per-element math (visit) to the same fp32 value; only
-which warpgroup (and when) computes a tile differs. A bitwise failure with the tolerance passing
+of WGMMAs (same instruction, K slices of 64 in order, k16 steps in order), and the epilogue
+applies the same per-element math (visit) to the same fp32 value; only which warpgroup (and when)
+computes a tile differs. A bitwise failure with the tolerance passing
 means a different K order or instruction shape crept in; a tolerance failure is a real bug (a wrong
 tile, a skipped or repeated ring stage, an epilogue buffer overwritten by the other warpgroup).
 
