@@ -73,6 +73,19 @@ COOPERATIVE_MIN_K = 6144
 # from 0.2% slower (fc2 at T=16384 d=8192) to 2.7% faster (dW2 at d=5120 h=13824); the sweep
 # with the rule read T=8192 d=8192 gelu h=8192 at 0.988x quack, 0.977x without.
 PINGPONG_MIN_WAVE_GAIN = 1.01
+# Below COOPERATIVE_MIN_K, where the big pingpong config falls back to 128x128 tiles (N that 192
+# pads too much, or waves too coarse for 192: NARROW_TILE_MIN_GAIN), cooperative 128x256 tiles
+# in 2x1 clusters read the fewest operand elements per MAC and the pingpong tile has lost its
+# width advantage; from this K up they take over where their waves take no more columns of tile
+# time. Store and act only (the dact's preact ring is pingpong's, and the wgrads were not timed
+# there). Held 0.5 s x 4 on an H200, 2026-12-02 (`bash tools/gpu_run.sh configs_mid`, x cuBLAS,
+# pingpong 128x128 -> cooperative 128x256, equal columns of tile time): T=16384 d=5120 gelu
+# h=2560 fc1 + act 0.915 -> 0.952, plain 0.956 -> 0.993 (K = 5120); T=8192 d=4096 gelu h=2048
+# fc1 + act 0.916 -> 0.930, plain 0.984 -> 0.974 (K = 4096); T=8192 d=2048 gelu h=4096 fc2 0.970
+# -> 0.975, dx 0.973 -> 0.977. Where the default is pingpong 128x192 the same swap ran 0.5-3.7%
+# slower at 7 of 10 GEMMs (fc2 and dx at T=16384 d=5120 1.028 / 1.019 -> 0.991 / 0.981), and at
+# K = 1024 (T=4096 d=1024 gelu fc1 + act, 128x128) 0.866 -> 0.847: 192 and short K stay pingpong.
+NARROW_COOPERATIVE_MIN_K = 4096
 
 
 # L2 cache-policy operands of the TMA copies (the 64-bit encodings CUTLASS's CacheHintSm90 names
@@ -389,7 +402,9 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
     whole tiles and pingpong 128x192 fills the grid's waves PINGPONG_MIN_WAVE_GAIN better (e.g.
     every GEMM of T=8192 d=8192 gelu h=8192).
 
-    Other big GEMMs (fc1, dy@W2 and its dact at d=4096): ``big_pingpong_config``. On an H200,
+    Other big GEMMs (fc1, dy@W2 and its dact at d=4096): ``big_pingpong_config``, or, where
+    that is 128x128 tiles at K >= NARROW_COOPERATIVE_MIN_K, cooperative 128x256 for store and act
+    where its waves take no more columns of tile time (fc1 of the gelu shards at T=8192-16384). On an H200,
     2026-11-30, pingpong 128x128 timed call by call against cooperative 128x256 (bench configs
     --also consumers=pingpong,tile_n=128,raster_group=16): fc1 + swiglu 7% faster, plain and
     accumulate GEMMs 2-5%, dx even. The pingpong dact writes dpreact in place over its preact,
@@ -427,12 +442,17 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
         # act takes the same choice as store: recompute replays fc1's act GEMM as a plain one
         # and relies on the same config giving the same bits.
         pingpong = big_pingpong_config(m, n, num_sms, kind)
-        if k >= COOPERATIVE_MIN_K and kind != "dact":
-            cooperative = with_stream_k(GemmConfig(128, 256, cm, 1, 16, num_sms, l2_prefetch=pf),
-                                        m, n, k, kind)
+        if kind == "dact":
+            return pingpong
+        cooperative = with_stream_k(GemmConfig(128, 256, cm, 1, 16, num_sms, l2_prefetch=pf),
+                                    m, n, k, kind)
+        if k >= COOPERATIVE_MIN_K:
             if (cooperative.stream_k or pingpong.tile_n != 192 or wave_columns(cooperative, m, n)
                     < PINGPONG_MIN_WAVE_GAIN * wave_columns(pingpong, m, n)):
                 return cooperative
+        elif (k >= NARROW_COOPERATIVE_MIN_K and kind != "accumulate" and pingpong.tile_n == 128
+              and wave_columns(cooperative, m, n) <= wave_columns(pingpong, m, n)):
+            return cooperative
         return pingpong
     if n > 128 and waves(128, 256) >= 1:
         return with_fewer_waves(

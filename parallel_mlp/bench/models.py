@@ -190,9 +190,19 @@ def step_peak_memory(ctx: Ctx, model: nn.Module, xs, dys, held_by_others: int = 
     """Peak memory of a few training steps of this model alone, after its first call (whose
     one-time buffers stay out). A pass of its own because interleaved variants share the one peak
     counter. ``held_by_others``: bytes of other variants' models that are alive meanwhile (built
-    for the interleaved timing), left out so that peak_mem_gb is what this variant needs alone."""
+    for the interleaved timing), left out so that peak_mem_gb is what this variant needs alone.
+
+    The caching allocator's free blocks are emptied first and refilled by one untimed step of
+    this model: a block it does not split counts whole (an 11 MiB weight gradient in a fresh
+    12 MiB segment counts 12; carved from a larger free block, 11), so the free blocks that the
+    variants measured before left behind would otherwise move a peak by a MiB or two with the
+    order of the variants. So each variant's peak is that of its own steady state."""
     if not ctx.cuda:
         return {}
+    clear_grads(model, xs)
+    ctx.sync()
+    torch.cuda.empty_cache()
+    train_step(model, xs[0], dys[0])
     clear_grads(model, xs)
     ctx.sync()
     torch.cuda.reset_peak_memory_stats(ctx.device)

@@ -506,9 +506,12 @@ BIG_LONG_K = (4104, 6200, 4200)  # the same with K past COOPERATIVE_MIN_K
 # K past COOPERATIVE_MIN_K where pingpong 128x192's waves fill the grid better than whole
 # cooperative 128x256 tiles (PINGPONG_MIN_WAVE_GAIN): pingpong at long K, tails in M, N and K
 BIG_LONG_K_WAVES = (2568, 6200, 5640)
+# K from NARROW_COOPERATIVE_MIN_K, below COOPERATIVE_MIN_K, where pingpong would take 128x128
+# tiles: cooperative 128x256 for store and act (accumulate keeps pingpong), tails in M, N, K
+BIG_NARROW_COOP = (5512, 4200, 1288)
 
 
-@pytest.mark.parametrize("shape", [BIG_TAILED, BIG_LONG_K, BIG_LONG_K_WAVES])
+@pytest.mark.parametrize("shape", [BIG_TAILED, BIG_LONG_K, BIG_LONG_K_WAVES, BIG_NARROW_COOP])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_default_big_gemm_and_accumulate(dtype, shape):
     from parallel_mlp.kernels import ops
@@ -525,7 +528,7 @@ def test_default_big_gemm_and_accumulate(dtype, shape):
     check(acc, base + 2 * (at.float() @ b.float()), base + 2 * (at @ b).float(), "default big accumulate")
 
 
-@pytest.mark.parametrize("shape", [BIG_TAILED, BIG_LONG_K, BIG_LONG_K_WAVES])
+@pytest.mark.parametrize("shape", [BIG_TAILED, BIG_LONG_K, BIG_LONG_K_WAVES, BIG_NARROW_COOP])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("act", ["swiglu", "gelu_tanh_approx", "relu_sq"])
 def test_default_big_gemm_act_and_recompute_bits(act, bias, shape):

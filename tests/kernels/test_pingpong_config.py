@@ -67,11 +67,13 @@ def test_default_config_is_pingpong_at_big_shapes():
             assert cfg.l2_prefetch == (kind == "accumulate")
             # the dact alone takes the two-slot preact ring, with 16-column subtiles for 5 stages
             assert (cfg.dact_prefetch, cfg.epi_n) == ((2, 16) if kind == "dact" else (1, 32))
-    # a narrow N that 192-wide tiles would pad far more than 128-wide ones: 128x128
+    # a narrow N that 192-wide tiles would pad far more than 128-wide ones: 128x128 (below
+    # NARROW_COOPERATIVE_MIN_K, and the dact at any K)
     for n in (256, 640, 1000):
-        cfg = default_config(65536, n, 4096, 132, "store")
-        assert (cfg.consumers, cfg.tile_m, cfg.tile_n) == ("pingpong", 128, 128), n
-    assert default_config(65536, 384, 4096, 132, "store").tile_n == 192  # no padding at 192
+        for k, kind in ((2048, "store"), (4096, "dact")):
+            cfg = default_config(65536, n, k, 132, kind)
+            assert (cfg.consumers, cfg.tile_m, cfg.tile_n) == ("pingpong", 128, 128), (n, kind)
+    assert default_config(65536, 384, 2048, 132, "store").tile_n == 192  # no padding at 192
     # fewer than two waves of 128x256 tiles: cooperative as before
     assert default_config(1024, 2048, 4096, 132, "store").consumers == "cooperative"
 
@@ -120,6 +122,35 @@ def test_long_k_takes_pingpong_where_its_waves_fill_the_grid_better():
     assert wave_columns(big_pingpong_config(m, n, 132), m, n) < 256 * 3
     cfg = default_config(m, n, k, 132, "store")
     assert (cfg.consumers, cfg.tile_n, cfg.stream_k) == ("cooperative", 256, True)
+
+
+def test_narrow_pingpong_gives_way_to_cooperative_128x256_from_k_4096():
+    """Big GEMMs below COOPERATIVE_MIN_K whose pingpong config is 128x128 take cooperative
+    128x256 (2x1, raster 16) from NARROW_COOPERATIVE_MIN_K where its waves take no more columns
+    of tile time: store and act alike, not the dact or the wgrads. The GEMMs timed for the rule
+    (gpu_run.sh configs_mid), on 132 SMs; 192-wide pingpong and short K stay."""
+    from parallel_mlp.kernels.config import (NARROW_COOPERATIVE_MIN_K, big_pingpong_config,
+                                             default_config, wave_columns)
+
+    moved = [(16384, 2560, 5120), (8192, 2048, 4096)]  # fc1 of gelu h=2560 d=5120; h=2048 d=4096 (and fc2, dx at d=2048)
+    for m, n, k in moved:
+        assert big_pingpong_config(m, n, 132).tile_n == 128
+        for kind in ("store", "act"):
+            cfg = default_config(m, n, k, 132, kind)
+            assert (cfg.consumers, cfg.tile_n, cfg.cluster_m, cfg.raster_group, cfg.stream_k) == \
+                ("cooperative", 256, 2, 16, False), (m, n, k, kind)
+            assert wave_columns(cfg, m, n) <= wave_columns(big_pingpong_config(m, n, 132), m, n)
+        for kind in ("dact", "accumulate"):
+            assert default_config(m, n, k, 132, kind).consumers == "pingpong", (m, n, k, kind)
+    # 192-wide pingpong stays (fc2 and dx at T=16384 d=5120 gelu h=2560, timed slower cooperative)
+    assert default_config(16384, 5120, 2560, 132, "store").tile_n == 192
+    # below the K threshold (fc1 at T=4096 d=1024 gelu h=4096, timed slower cooperative)
+    assert default_config(4096, 4096, 1024, 132, "act").consumers == "pingpong"
+    assert default_config(8192, 2048, NARROW_COOPERATIVE_MIN_K - 64, 132, "act").consumers == "pingpong"
+    # the GPU tests' tailed shape for this rule (test_ops_gpu.BIG_NARROW_COOP) reaches it
+    for kind in ("store", "act"):
+        cfg = default_config(5512, 1288, 4200, 132, kind)
+        assert (cfg.consumers, cfg.tile_n, cfg.stream_k) == ("cooperative", 256, False)
 
 
 def test_recompute_replays_fc1_with_the_act_gemms_config():
