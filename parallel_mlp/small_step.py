@@ -11,7 +11,11 @@ below a FLOP threshold as plain autograd ops; the thresholds come from held step
 sweep (`python -m parallel_mlp.bench sweep`, H200, 2026-12-01 and 2026-12-02), the fused time
 against eager's:
 
-- gated: 0.63-0.91x at 27-425 GFLOP per step, 1.05-1.08x at 812-831 and above: ``MAX_FLOP_GATED``;
+- gated: 0.63-0.91x at 27-213 GFLOP per step, 1.05-1.08x at 812-831 and above: ``MAX_FLOP_GATED``.
+  At 425 GFLOP (T=8192 d=1024 h=2816) 0.89x in sweeps of 2026-12-01 and -02 before the
+  fewer-waves rule (kernels/config.py), then 1.29x (0.773 against eager's 0.998 ms, the small
+  step 0.917; sweep of 2026-12-02, code of 1acf886); the sweep before that one had read it
+  faster fused than the small step as well (1.116 against 1.321 ms, eager 0.989);
 - not gated: 0.43-0.57x at 6-206 GFLOP, 0.75-0.96x at 629, 0.96-1.00x at 824-825, 0.99-1.02x from
   3.3 TFLOP: ``MAX_FLOP``. Eager's own non-gated step (one GEMM, one fused activation kernel
   each way) leaves the fused kernels less to win than its gated one (a split, a cat, three
@@ -34,9 +38,9 @@ import torch.nn.functional as F
 from .activations import TORCH_MATH, Activation, interleaved_pairs
 
 # fwd+bwd FLOP of a step below which ``auto`` takes the plain ops (see above): gated, between the
-# largest step measured slower fused (425 GFLOP) and the smallest measured faster (812); not
+# largest step measured slower fused (213 GFLOP) and the smallest measured faster (425); not
 # gated, just above the largest measured slower (825).
-MAX_FLOP_GATED = 0.5e12
+MAX_FLOP_GATED = 0.3e12
 MAX_FLOP = 1.0e12
 # Rows per input feature from which a gated small step runs fc1 as two GEMMs (small_step): two
 # GEMMs were faster at 8 and slower at 1 (the shapes measured); 3 is about their geometric

@@ -40,10 +40,14 @@ def test_auto_takes_the_small_step_below_the_threshold_only(gated, limit):
 
 
 def test_thresholds_fall_between_the_measured_shapes():
-    """bench sweep, H200: gated, 425 GFLOP slower fused, 812 faster; not gated, 825 GFLOP
+    """bench sweep, H200: gated, 213 GFLOP slower fused, 425 faster; not gated, 825 GFLOP
     slower fused, 3.3 TFLOP as fast."""
     swiglu = dict(in_features=1024, fc1_rows=5632, hidden=2816, out_features=1024)
-    assert applies(dict(rows=8192, **swiglu))
+    assert not applies(dict(rows=8192, **swiglu))  # 425 GFLOP
+    assert applies(dict(rows=2048, in_features=2048, fc1_rows=5632, hidden=2816,
+                        out_features=2048))  # 213 GFLOP
+    assert applies(dict(rows=512, in_features=8192, fc1_rows=5504, hidden=2752,
+                        out_features=8192))  # 208 GFLOP
     assert not applies(dict(rows=1000, in_features=4096, fc1_rows=22016, hidden=11008,
                             out_features=4096))
     gelu = dict(in_features=1024, fc1_rows=1024, hidden=1024, out_features=1024)
