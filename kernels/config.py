@@ -82,9 +82,9 @@ PINGPONG_MIN_WAVE_GAIN = 1.01
 # pingpong 128x128 -> cooperative 128x256, equal columns of tile time): T=16384 d=5120 gelu
 # h=2560 fc1 + act 0.915 -> 0.952, plain 0.956 -> 0.993 (K = 5120); T=8192 d=4096 gelu h=2048
 # fc1 + act 0.916 -> 0.930, plain 0.984 -> 0.974 (K = 4096); T=8192 d=2048 gelu h=4096 fc2 0.970
-# -> 0.975, dx 0.973 -> 0.977. Where the default is pingpong 128x192 the same swap ran 0.5-3.7%
-# slower at 7 of 10 GEMMs (fc2 and dx at T=16384 d=5120 1.028 / 1.019 -> 0.991 / 0.981), and at
-# K = 1024 (T=4096 d=1024 gelu fc1 + act, 128x128) 0.866 -> 0.847: 192 and short K stay pingpong.
+# -> 0.975, dx 0.973 -> 0.977. Where the default is pingpong 128x192 the same swap ran 0.4-4.7%
+# slower at 10 of 14 GEMMs (fc2 and dx at T=16384 d=5120 1.028 / 1.019 -> 0.991 / 0.981, fc1 +
+# act at T=4096 d=5120 swiglu 0.985 -> 0.940), and at K = 1024 (T=4096 d=1024 gelu fc1 + act, 128x128) 0.866 -> 0.847: 192 and short K stay pingpong.
 NARROW_COOPERATIVE_MIN_K = 4096
 
 

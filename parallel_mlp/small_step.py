@@ -12,10 +12,11 @@ sweep (`python -m parallel_mlp.bench sweep`, H200, 2026-12-01 and 2026-12-02), t
 against eager's:
 
 - gated: 0.63-0.91x at 27-213 GFLOP per step, 1.05-1.08x at 812-831 and above: ``MAX_FLOP_GATED``.
-  At 425 GFLOP (T=8192 d=1024 h=2816) 0.89x in sweeps of 2026-12-01 and -02 before the
-  fewer-waves rule (kernels/config.py), then 1.29x (0.773 against eager's 0.998 ms, the small
-  step 0.917; sweep of 2026-12-02, code of 1acf886); the sweep before that one had read it
-  faster fused than the small step as well (1.116 against 1.321 ms, eager 0.989);
+  At 425 GFLOP (T=8192 d=1024 h=2816) the fused kernels read 0.89x eager in the sweep of
+  0e2d173 on a slow host (1.116 against 0.989 ms), yet faster than the small step beside them
+  (1.321 ms); in the sweep of 1acf886, with the fewer-waves rule (kernels/config.py) and a
+  faster host, 1.29x (0.773 against 0.998 ms, the small step 0.917). Faster than the small step
+  in both, so from 425 GFLOP the fused kernels run;
 - not gated: 0.43-0.57x at 6-206 GFLOP, 0.75-0.96x at 629, 0.96-1.00x at 824-825, 0.99-1.02x from
   3.3 TFLOP: ``MAX_FLOP``. Eager's own non-gated step (one GEMM, one fused activation kernel
   each way) leaves the fused kernels less to win than its gated one (a split, a cat, three
