@@ -368,3 +368,66 @@ def test_train_step_clears_every_parameters_grad_each_step():
     second = [p.grad for p in model.parameters()] + [x.grad]
     assert all(torch.equal(a, b) for a, b in zip(first, second))
     assert {id(p) for p in parameter_list(model)} == {id(model.fc1.weight), id(model.fc2.weight)}
+
+
+@pytest.mark.parametrize("act,T", [("swiglu", 7), ("gelu_tanh_approx", 13)])
+def test_gemm_ceiling_runs_the_mlps_six_gemms_and_nothing_else(act, T):
+    """The sweep's GEMM bound: one step is exactly six matrix products, of the MLP's six GEMM
+    shapes (M x N x K: fc1, fc2, the dact's dy @ W2, dW2, dx, dW1), with no elementwise op, and
+    its values are the stand-in's formulas (fp64 against an independent reference)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from parallel_mlp.bench.models import GemmCeiling, fc1_features, train_step
+
+    d, h = 16, 12
+    F = fc1_features(act, h)
+    w1 = torch.randn(F, d, dtype=torch.float64)
+    w2 = torch.randn(d, h, dtype=torch.float64)
+    x = torch.randn(T, d, dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(T, d, dtype=torch.float64)
+    model = GemmCeiling(w1.clone(), w2.clone())
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.mm, self.other = [], []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is torch.ops.aten.mm.default:
+                a, b = args
+                self.mm.append((a.shape[0], b.shape[1], a.shape[1]))
+            elif func._schema.name not in ("aten::t", "aten::slice", "aten::detach",
+                                            "aten::view", "aten::transpose", "aten::alias"):
+                self.other.append(func._schema.name)
+            return out
+
+    with Ops() as ops:
+        y = train_step(model, x, dy)
+    assert sorted(ops.mm) == sorted([(T, F, d), (T, d, h), (T, h, d), (d, h, T), (T, d, F),
+                                     (F, d, T)])
+    assert ops.other == []
+
+    preact = x.detach() @ w1.t()
+    post = preact.flatten()[:T * h].reshape(T, h)  # contiguous, fc1's output read in place
+    torch.testing.assert_close(y, post @ w2.t())
+    torch.testing.assert_close(x.grad, preact @ w1)
+    torch.testing.assert_close(model.w1.grad, preact.t() @ x.detach())
+    torch.testing.assert_close(model.w2.grad, dy.t() @ post)
+    assert model.computes_the_mlp is False
+
+
+def test_first_step_checks_the_mlps_but_not_the_gemm_ceiling():
+    """A stand-in that does not compute the MLP records no errors against the reference, and
+    leaves the reference as it was."""
+    from parallel_mlp.bench.harness import Ctx
+    from parallel_mlp.bench.models import EagerMLP, GemmCeiling, first_step
+
+    ctx = Ctx(device=torch.device("cpu"), dtype=torch.float32, tokens=5, d_model=8, configs=[],
+              iters=1, warmup=0, backend="torch", deadline=float("inf"))
+    w1, w2 = torch.randn(24, 8), torch.randn(8, 12)
+    xs, dys = [torch.randn(5, 8, requires_grad=True)], [torch.randn(5, 8)]
+    out, ref = first_step(ctx, EagerMLP(w1.clone(), w2.clone(), "swiglu"), xs, dys, None, True)
+    out, same = first_step(ctx, GemmCeiling(w1.clone(), w2.clone()), xs, dys, ref, True)
+    assert same is ref and not any(key.startswith("rel_err") for key in out)
+    assert out["first_step_s"] > 0 and xs[0].grad is None

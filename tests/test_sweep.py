@@ -168,6 +168,25 @@ def test_variants_follow_the_flags():
     assert sweep.variants(args) == ["eager", "ours", "ours_recompute", "eager_copy"]
     args = sweep.parse_args(["--skip-compile", "--no-quack", "--no-eager-copy"])
     assert sweep.variants(args) == ["eager", "ours", "ours_recompute"]
+    args = sweep.parse_args(["--ceiling", "--graphed", "--torch-backend"])
+    assert sweep.variants(args) == ["eager", "ours", "ours_recompute", "torch_backend",
+                                    "gemm_ceiling", "eager_graphed", "ours_graphed", "compile",
+                                    "quack", "eager_copy"]
+
+
+def test_the_summary_states_the_gemm_bound_and_ours_against_it():
+    """--ceiling: eager's time over the six GEMMs' (what fusing can win at most) and the six
+    GEMMs' over ours (1.0 where the activation is entirely hidden), each round by round."""
+    rows = [{"label": label, "variants": {"eager": {"ms": e}, "ours": {"ms": o},
+                                          "gemm_ceiling": {"ms": c}}}
+            for label, e, o, c in (("a", 1.2, 1.1, 1.0), ("b", 2.0, 2.0, 1.6))]
+    text = sweep_report.format_sweep({"meta": {"hold_s": 0.8, "rounds": 2}, "rows": rows})
+    assert ("the GEMM bound (cuBLAS's six GEMMs, no activation) vs eager: geomean 1.225x   "
+            "worst 1.200x (a)   best 1.250x (b)   2 shapes") in text
+    assert "ours vs the GEMM bound: geomean 0.853x   worst 0.800x (b)   best 0.909x (a)" in text
+    assert "six cuBLAS GEMMs, no act" in text  # its own line in the table
+    rows = [{"label": "a", "variants": {"eager": {"ms": 1.0}, "ours": {"ms": 1.0}}}]
+    assert "GEMM bound" not in sweep_report.format_sweep({"meta": {}, "rows": rows})
 
 
 def test_torch_backend_and_tokens_flags():

@@ -41,6 +41,9 @@
 #     sweep          the shape sweep: 30 shapes, ours (backend='auto', the fused kernels timed
 #                    beside it where it takes the small step) against eager, torch.compile and quack,
 #                    its kernels compiled ahead; a JSON and heat maps (~8 min, a call of its own)
+#     sweep_ceiling  the sweep with cuBLAS's six GEMMs of each step timed beside the variants
+#                    (--ceiling: the bound of a fused MLP, ours against it) (~9 min, a call of
+#                    its own)
 #     sweep_small    the sweep's shapes of T <= 4096, ours on the fused kernels (--backend cute)
 #                    with the torch backend timed beside them (~4 min)
 #     sweep_graphed  the sweep's shapes of T <= 4096, ours on the fused kernels, with eager and ours
@@ -98,6 +101,7 @@ declare -A CMD=(
   [gemm]="timeout 500 $BENCH gemm --budget-s 420 --json $OUT/gemm.json"
   [mlp]="timeout 200 $BENCH mlp --skip-compile --iters 15 --warmup 3 --budget-s 170 --json $OUT/mlp.json"
   [sweep]="timeout 580 $BENCH sweep --json $OUT/sweep.json --png $OUT/sweep.png"
+  [sweep_ceiling]="timeout 585 $BENCH sweep --ceiling --budget-s 540 --json $OUT/sweep.json --png $OUT/sweep.png"
   [sweep_small]="timeout 400 $BENCH sweep --backend cute --torch-backend --tokens 512,1000,2048,4096 --json $OUT/sweep-small.json"
   [sweep_graphed]="timeout 420 $BENCH sweep --backend cute --graphed --no-quack --skip-compile --tokens 512,1000,2048,4096 --json $OUT/sweep-graphed.json"
   [tp]="timeout 120 python3 -m pytest -q -m gpu tests/test_layer_gpu.py -k nccl; timeout 420 python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m parallel_mlp.bench tp --configs swiglu:28672,swiglu:14336,gelu_tanh_approx:32768 --json $OUT/tp.json; python3 -m parallel_mlp.bench tp-model --tp-json $OUT/tp.json"
@@ -114,7 +118,7 @@ declare -A CMD=(
   [full]="timeout 570 $BENCH --budget-s 420 --json $OUT/bench.json --png $OUT/bench.png"
   [ncu]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 5 --launch-count 5 --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis $BENCH ncu-cases"
 )
-ORDER=(tests_kernels tests_layer tests_defaults tests_all streamk streamk_fill configs_small configs_wave configs_mid configs_long_k gemm mlp sweep sweep_small sweep_graphed tp tp_sp profile small_step_variants timing_spread host_step host_stages host_env host_phases cold clock full ncu)
+ORDER=(tests_kernels tests_layer tests_defaults tests_all streamk streamk_fill configs_small configs_wave configs_mid configs_long_k gemm mlp sweep sweep_ceiling sweep_small sweep_graphed tp tp_sp profile small_step_variants timing_spread host_step host_stages host_env host_phases cold clock full ncu)
 
 steps=("$@")
 if [ ${#steps[@]} -eq 0 ]; then

@@ -21,6 +21,7 @@ from .harness import (
 )
 from .models import (
     EagerMLP,
+    GemmCeiling,
     build_parallel_mlp,
     chunked_w1,
     cuda_graphed,
@@ -74,6 +75,8 @@ def mlp_builders(ctx: Ctx, act: str, h: int, w1: torch.Tensor, w2: torch.Tensor)
                                                      recompute=True),
         "torch_backend": lambda: build_parallel_mlp(w1, w2, act, h, backend="torch"),
         "compile": compiled,
+        # cuBLAS's six GEMMs of the step and nothing else: the bound of a fused MLP
+        "gemm_ceiling": lambda: GemmCeiling(chunked_w1(w1, gated), w2.clone()),
     }
 
 

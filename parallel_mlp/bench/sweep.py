@@ -5,6 +5,7 @@ pretraining run meets.
     python -m parallel_mlp.bench sweep --quick     # four shapes, ~2 min
     python -m parallel_mlp.bench sweep --estimate  # the plan and its time; runs nothing
     python -m parallel_mlp.bench sweep --dry-run   # tiny shapes on the CPU (automatic without CUDA)
+    python -m parallel_mlp.bench sweep --ceiling   # cuBLAS's six GEMMs alone beside ours, ~9 min
     python -m parallel_mlp.bench sweep --torch-backend --tokens 512,1000,2048,4096
                                                    # the short steps, the torch backend beside cute
 
@@ -125,6 +126,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="turn length for host-bound steps (GPU work under "
                         f"{HOST_STEP_S * 1e3:g} ms at {STEP_RATE / 1e12:g} TFLOP/s), as many "
                         "turns as fill --hold-s x --rounds (0: all shapes take --hold-s turns)")
+    p.add_argument("--ceiling", action="store_true",
+                   help="also time cuBLAS's six GEMMs of each step with no activation at all "
+                        "(models.GemmCeiling): the bound of any fused MLP on cuBLAS-speed "
+                        "GEMMs, beside ours (adds a variant's time: ~1 min over the grid)")
     p.add_argument("--no-eager-copy", action="store_true",
                    help="no second copy of eager (timed beside the first, it shows the timing's "
                         "own spread at each shape)")
@@ -202,10 +207,12 @@ def variants(args: argparse.Namespace) -> list[str]:
     skip |= {"quack"} if args.no_quack else set()
     skip |= {"eager_copy"} if args.no_eager_copy else set()
     names = [v for v in VARIANTS if v not in skip]
+    if args.ceiling:
+        names.insert(names.index("ours_recompute") + 1, "gemm_ceiling")
     if args.torch_backend and args.backend != "torch":  # with --backend torch, ours is it
         names.insert(names.index("ours_recompute") + 1, "torch_backend")
     if args.graphed:
-        at = names.index("ours_recompute") + 1 + ("torch_backend" in names)
+        at = names.index("ours_recompute") + 1 + ("torch_backend" in names) + args.ceiling
         names[at:at] = ["eager_graphed", "ours_graphed"]
     return names
 

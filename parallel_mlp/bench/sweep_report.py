@@ -15,7 +15,8 @@ VARIANT_NAMES = {"ours": "ours", "ours_fused": "ours, fused kernels",
                  "ours_recompute": "ours recompute", "eager": "eager",
                  "compile": "torch.compile", "quack": "quack",
                  "torch_backend": "ours, torch backend", "eager_graphed": "eager, CUDA graph",
-                 "ours_graphed": "ours, CUDA graph", "eager_copy": "eager, a second copy"}
+                 "ours_graphed": "ours, CUDA graph", "eager_copy": "eager, a second copy",
+                 "gemm_ceiling": "six cuBLAS GEMMs, no act"}
 # Against whom ours' summary and heat maps compare it: (variant, key of ours' ratio, label).
 BASELINES = (("eager", "speedup_vs_eager", "eager"), ("compile", None, "torch.compile"),
              ("quack", "speedup_vs_quack", "quack"))
@@ -110,7 +111,7 @@ def summary(results: dict) -> list[str]:
     for name, _, label in BASELINES:
         pairs = [(x, r["label"]) for r in rows if (x := ours_over(r, name)) is not None]
         lines.append(f"  vs {label:14s} {_spread(pairs) if pairs else '-'}")
-    lines += noise(rows) + small_steps(rows) + backend_choice(rows) + graphed(rows)
+    lines += noise(rows) + ceiling(rows) + small_steps(rows) + backend_choice(rows) + graphed(rows)
     rec = [r["recompute_ratio"] for r in rows if r.get("recompute_ratio")]
     if rec:
         lines.append(f"  recompute / default time: geomean {geomean(rec):.3f}, "
@@ -139,6 +140,21 @@ def noise(rows: list[dict]) -> list[str]:
     if not pairs:
         return []
     return [f"  eager vs a second copy of itself (the timing's spread): {_spread(pairs)}"]
+
+
+def ceiling(rows: list[dict]) -> list[str]:
+    """Where cuBLAS's six GEMMs were timed alone (--ceiling): how far below eager a step with a
+    free activation would run (the most that fusing the activation can win), and ours against
+    that bound (1.0 where ours hides its activation entirely at cuBLAS's speed)."""
+    bound = [(x, r["label"]) for r in rows
+             if (x := ours_over(r, "eager", "gemm_ceiling")) is not None]
+    if not bound:
+        return []
+    lines = [f"  the GEMM bound (cuBLAS's six GEMMs, no activation) vs eager: {_spread(bound)}"]
+    pairs = [(x, r["label"]) for r in rows if (x := ours_over(r, "gemm_ceiling")) is not None]
+    if pairs:
+        lines.append(f"  ours vs the GEMM bound: {_spread(pairs)}")
+    return lines
 
 
 def backend_choice(rows: list[dict]) -> list[str]:
