@@ -549,14 +549,23 @@ def test_default_big_gemm_act_and_recompute_bits(act, bias, shape):
         assert torch.equal(ops.gemm(x, w.t()), pre)
 
 
+# A big dact past SHORT_K_DACT_MAX_K (BIG_TAILED's K = 1000 takes the short-K cooperative tiles)
+BIG_DACT_PINGPONG = (4104, 2104, 4200)  # K rows 16-byte aligned, as TMA needs
+
+
+@pytest.mark.parametrize("shape,consumers", [(BIG_TAILED, "cooperative"),
+                                             (BIG_DACT_PINGPONG, "pingpong")])
 @pytest.mark.parametrize("act", ["swiglu", "gelu_tanh_approx"])
-def test_default_big_gemm_dact(act):
-    """The default big-shape dact (pingpong, dpreact in place over one preact slot per
-    warpgroup) against the reference."""
+def test_default_big_gemm_dact(act, shape, consumers):
+    """The default big-shape dacts against the reference: pingpong (dpreact in place over one
+    preact slot per warpgroup) and, at a short K, cooperative 128x128 tiles."""
     from parallel_mlp.kernels import ops
+    from parallel_mlp.kernels.config import default_config
 
     A = ACTIVATIONS[act]
-    m, k, h = BIG_TAILED
+    m, k, h = shape
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert default_config(m, h, k, sms, "dact").consumers == consumers
     width = 2 * h if A.gated else h
     dy = operand(m, k, "row", torch.bfloat16, k ** -0.5)
     w2 = operand(k, h, "row", torch.bfloat16)

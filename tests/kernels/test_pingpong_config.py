@@ -62,6 +62,8 @@ def test_default_config_is_pingpong_at_big_shapes():
 
     for m, n, k in [(8192, 28672, 4096), (8192, 14336, 4096), (4100, 4200, 1000), (8192, 4096, 6143)]:
         for kind in ("store", "accumulate", "act", "dact"):
+            if kind == "dact" and k <= 1024:  # the short-K dact rule (below)
+                continue
             cfg = default_config(m, n, k, 132, kind)
             assert (cfg.consumers, cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.raster_group) == ("pingpong", 128, 192, 2, 16)
             assert cfg.l2_prefetch == (kind == "accumulate")
@@ -151,6 +153,26 @@ def test_narrow_pingpong_gives_way_to_cooperative_128x256_from_k_4096():
     for kind in ("store", "act"):
         cfg = default_config(5512, 1288, 4200, 132, kind)
         assert (cfg.consumers, cfg.tile_n, cfg.stream_k) == ("cooperative", 256, False)
+
+
+def test_short_k_dacts_take_cooperative_128x128_tiles():
+    """Big dacts up to SHORT_K_DACT_MAX_K run cooperative 128x128 in 1x1 clusters, raster 8; the
+    GEMMs timed for the rule (T=8192 and 65536, d=1024, swiglu h=2816) and the GPU tests' tailed
+    shape reach it, K = 2048 and 4096 keep pingpong, and only the dact moves."""
+    from parallel_mlp.kernels.config import SHORT_K_DACT_MAX_K, default_config, is_big
+
+    for m, n, k in [(8192, 2816, 1024), (65536, 2816, 1024), (4104, 4200, 1000),
+                    (65536, 1024, SHORT_K_DACT_MAX_K)]:
+        assert is_big(m, n, 132)
+        cfg = default_config(m, n, k, 132, "dact")
+        assert (cfg.consumers, cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.cluster_n,
+                cfg.raster_group, cfg.stream_k) == ("cooperative", 128, 128, 1, 1, 8, False)
+        assert (cfg.dact_prefetch, cfg.epi_n, cfg.l2_prefetch) == (1, 32, False)
+        for kind in ("store", "act", "accumulate"):
+            assert default_config(m, n, k, 132, kind).consumers == "pingpong", (m, n, k, kind)
+    for m, n, k in [(8192, 5632, 2048), (65536, 704, 2048), (8192, 1376, 4096),
+                    (8192, 2816, SHORT_K_DACT_MAX_K + 64)]:
+        assert default_config(m, n, k, 132, "dact").consumers == "pingpong", (m, n, k)
 
 
 def test_recompute_replays_fc1_with_the_act_gemms_config():
