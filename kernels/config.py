@@ -87,10 +87,10 @@ PINGPONG_MIN_WAVE_GAIN = 1.01
 # act at T=4096 d=5120 swiglu 0.985 -> 0.940), and at K = 1024 (T=4096 d=1024 gelu fc1 + act, 128x128) 0.866 -> 0.847: 192 and short K stay pingpong.
 NARROW_COOPERATIVE_MIN_K = 4096
 
-# Big dacts up to this K run cooperative 128x128 tiles in 1x1 clusters (``SHORT_K_DACT``) instead
-# of big_pingpong_config. At K = 1024 the mainloop of a tile is as short as its epilogue's 10
-# bytes per element (preact pair in, dpreact pair and postact out), and pingpong 128x192 ran the
-# swiglu dact at twice a plain GEMM's time. Held 0.5 s x 4 on an H200, 2026-12-02 (bench configs
+# Big dacts up to this K run cooperative 128x128 tiles in 1x1 clusters, raster 8 (the small-shape
+# dact's config) instead of big_pingpong_config. At K = 1024 the mainloop of a tile is as short
+# as its epilogue's 10 bytes per element (preact pair in, dpreact pair and postact out), and
+# pingpong 128x192 ran the swiglu dact at twice a plain GEMM's time. Held 0.5 s x 4 on an H200, 2026-12-02 (bench configs
 # --only dpost --also consumers=cooperative,tile_n=128,cluster_m=1,raster_group=8,
 # dact_prefetch=1,epi_n=32), ms pingpong 128x192 -> cooperative 128x128: T=8192 d=1024 swiglu
 # h=2816 0.167 -> 0.143 (cuBLAS's plain GEMM 0.081); T=65536 d=1024 1.220 -> 1.108 (held
@@ -98,7 +98,6 @@ NARROW_COOPERATIVE_MIN_K = 4096
 # 0.416 against 0.433, T=65536 d=2048 h=704 0.435 against 0.464), and at K = 4096 (0.176
 # against 0.202). `bash tools/gpu_run.sh configs_dact`; benchmarks/h200-dact-short-k.txt.
 SHORT_K_DACT_MAX_K = 1024
-SHORT_K_DACT = dict(tile_m=128, tile_n=128, cluster_m=1, cluster_n=1, raster_group=8)
 
 
 # L2 cache-policy operands of the TMA copies (the 64-bit encodings CUTLASS's CacheHintSm90 names
@@ -455,7 +454,7 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
         # act takes the same choice as store: recompute replays fc1's act GEMM as a plain one
         # and relies on the same config giving the same bits.
         if kind == "dact" and k <= SHORT_K_DACT_MAX_K:
-            return GemmConfig(**SHORT_K_DACT, num_sms=num_sms)
+            return GemmConfig(128, 128, 1, 1, 8, num_sms)
         pingpong = big_pingpong_config(m, n, num_sms, kind)
         if kind == "dact":
             return pingpong

@@ -58,11 +58,11 @@ def test_selfcheck_compiles_pingpong_variants():
 
 
 def test_default_config_is_pingpong_at_big_shapes():
-    from parallel_mlp.kernels.config import default_config
+    from parallel_mlp.kernels.config import SHORT_K_DACT_MAX_K, default_config
 
     for m, n, k in [(8192, 28672, 4096), (8192, 14336, 4096), (4100, 4200, 1000), (8192, 4096, 6143)]:
         for kind in ("store", "accumulate", "act", "dact"):
-            if kind == "dact" and k <= 1024:  # the short-K dact rule (below)
+            if kind == "dact" and k <= SHORT_K_DACT_MAX_K:  # the short-K dact rule (below)
                 continue
             cfg = default_config(m, n, k, 132, kind)
             assert (cfg.consumers, cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.raster_group) == ("pingpong", 128, 192, 2, 16)
