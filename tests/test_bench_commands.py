@@ -86,3 +86,17 @@ def test_graphed_replays_the_captured_calls():
     replay()
     replay()
     assert counter.item() == 12
+
+
+def test_a_config_column_invalid_for_a_row_reads_not_available():
+    from parallel_mlp.bench.gemm_configs import _runnable
+    from parallel_mlp.kernels.config import GemmConfig
+
+    def invalid():
+        GemmConfig(consumers="pingpong", dact_prefetch=3)
+
+    def valid():
+        return GemmConfig(dact_prefetch=3)
+
+    assert _runnable(invalid) is None
+    assert _runnable(valid) is valid

@@ -450,12 +450,14 @@ def test_rasterization_covers_every_tile_once(n, group, cluster):
 # dpreact written in place over a deeper preact ring (GemmConfig.dact_prefetch 2 or 3) moves the
 # same values through other shared memory, so it must equal the two-slot kernel of the same tile
 # bit for bit. Shapes: tails in M, K and the gated width (h = 1040), more tiles than SMs (so the
-# ring carries over from tile to tile), and K = 64 (one k-block: the epilogue dominates).
+# ring carries over from tile to tile), and K = 64 (one k-block: the epilogue dominates). At
+# 128x128 with epi_n=32, dact_prefetch=3's four slots hold a whole tile's preact.
+@pytest.mark.parametrize("tile_n", [256, 128])
 @pytest.mark.parametrize("pf", [2, 3])
 @pytest.mark.parametrize("cluster_m", [1, 2])
 @pytest.mark.parametrize("shape", [(1000, 4000, 1040), (2048, 512, 3072), (4096, 64, 2048)])
 @pytest.mark.parametrize("act", ["swiglu", "relu", "gelu_tanh_approx", "geglu"])
-def test_dact_in_place_equals_two_slot_ring(act, shape, cluster_m, pf):
+def test_dact_in_place_equals_two_slot_ring(act, shape, cluster_m, pf, tile_n):
     from parallel_mlp.kernels import ops
     from parallel_mlp.kernels.config import GemmConfig
 
@@ -465,10 +467,10 @@ def test_dact_in_place_equals_two_slot_ring(act, shape, cluster_m, pf):
     dy = operand(m, k, "row", torch.bfloat16, k ** -0.5)
     w2 = operand(k, h, "row", torch.bfloat16)
     preact = torch.randn(m, width, device="cuda").to(torch.bfloat16)
-    base = GemmConfig(128, 256, cluster_m, 1)
+    base = GemmConfig(128, tile_n, cluster_m, 1)
     want_dpre, want_post = ops.gemm_dact(dy, w2, preact, act, config=base)
     for i in range(2):
-        dpre, post = ops.gemm_dact(dy, w2, preact, act, config=GemmConfig(128, 256, cluster_m, 1, dact_prefetch=pf))
+        dpre, post = ops.gemm_dact(dy, w2, preact, act, config=GemmConfig(128, tile_n, cluster_m, 1, dact_prefetch=pf))
         assert torch.equal(dpre, want_dpre), f"{act} {shape} pf{pf}: dpreact differs (launch {i})"
         assert torch.equal(post, want_post), f"{act} {shape} pf{pf}: postact differs (launch {i})"
     ref_dpre, ref_post = A.backward(preact.float(), dy.float() @ w2.float())
