@@ -105,11 +105,22 @@ class Epilogue:
                 # 8-byte vector (a 128B swizzle moves 16-byte chunks only, so it stays whole).
                 sL4 = cute.zipped_divide(sL, (1, 4))  # ((1, 4), (rows, cols / 4))
                 sX4 = cute.zipped_divide(sX, (1, 4))
+                # Every preact vector of the subtile is loaded before the first dpreact store.
+                # Loads and stores interleaved pair by pair, no load can pass the store before
+                # it (the compiler cannot tell sX from sL, and in place they are one buffer), so
+                # each pair's load, math and store ran as one dependent chain and the two
+                # consumer warps per scheduler stalled on it: ncu, H200, 2026-12-03 (`bash
+                # tools/gpu_run.sh ncu_dact`), the dact at T=8192 d=1024 h=2816 issued in 22%
+                # of cycles, 9.5 cycles a warp between instructions.
+                pres = []
+                for j in cutlass.range_constexpr(S // 2):
+                    r, c = tCcT[base + 2 * j]
+                    pres.append(sL4[((0, None), (r, (c - col0) // 2))].load())
                 dpre = cute.make_rmem_tensor(4, sX.element_type)
                 for j in cutlass.range_constexpr(S // 2):
                     r, c = tCcT[base + 2 * j]
                     k = (c - col0) // 2
-                    pre = sL4[((0, None), (r, k))].load().to(Float32)
+                    pre = pres[j].to(Float32)
                     for t in cutlass.range_constexpr(2):
                         g = pre[2 * t]
                         u = pre[2 * t + 1]

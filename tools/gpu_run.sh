@@ -37,7 +37,8 @@
 #                    T=8192 d=4096 gelu h=16384, T=8192 d=8192 swiglu h=5504, T=2048 d=8192 gelu
 #                    h=32768) (~4 min)
 #     configs_dact   the swiglu dact (dy @ W2 + dact) at K = 1024, 2048 and 4096 (T=8192 d=1024,
-#                    T=65536 d=1024, T=8192 d=2048, T=65536 d=2048 h=704, T=8192 d=4096 h=1376):
+#                    T=65536 d=1024, T=8192 d=2048, T=65536 d=2048 h=704, T=8192 d=4096 h=1376 and
+#                    h=14336):
 #                    the default beside cooperative 128x128 1x1 and pingpong 128x192 2x1, the
 #                    configs of the short-K dact rule (~3 min)
 #     configs_ring   the dact's preact ring at cooperative 128x128: its GPU tests (dpreact in
@@ -86,6 +87,8 @@
 #     clock          tools/clock_probe.py: ms, SM clock, power and cycles per call (power-bound?)
 #     full           the whole single-GPU bench (GEMMs, fused, MLP, cold start, torch.compile)
 #     ncu            ncu on five GEMMs (bench ncu-cases; needs the Firecracker runtime's ncu)
+#     ncu_dact       ncu on the swiglu dact at K = 1024 (T=8192 d=1024) and plain GEMMs of its shape
+#                    (bench ncu-cases --short-k-dact): where its epilogue's time goes
 #   bash tools/gpu_run.sh --list          print the commands, run nothing
 #
 # Each step runs under `timeout` and appends to $OUT/<step>.txt; a failing step does not stop
@@ -107,7 +110,7 @@ declare -A CMD=(
   [configs_wave]="timeout 100 $BENCH configs --graphed 20 --hold-s 0.4 --rounds 4 --T 512 --d 1024 --h 2816 --act swiglu --only fc1,dW2,dW1 --also tile_n=128,cluster_m=1 --also tile_n=256; timeout 80 $BENCH configs --graphed 20 --hold-s 0.4 --rounds 4 --T 512 --d 8192 --h 2752 --act swiglu --only fc1 --also tile_n=128,stream_k=1; timeout 90 $BENCH configs --graphed 20 --hold-s 0.4 --rounds 4 --T 2048 --d 2048 --h 2816 --act swiglu --only dpost,dW2 --also tile_n=256; timeout 60 $BENCH configs --graphed 20 --hold-s 0.4 --rounds 4 --T 1000 --d 2048 --h 5632 --act swiglu --only dpost --also tile_n=256; timeout 80 $BENCH configs --graphed 20 --hold-s 0.4 --rounds 4 --T 8192 --d 1024 --h 2816 --act swiglu --only dW2,dW1 --also tile_n=128,stream_k=1 --also tile_n=192,cluster_m=1,stream_k=0; timeout 80 $BENCH configs --graphed 20 --hold-s 0.4 --rounds 4 --T 1000 --d 5120 --h 10240 --act gelu_tanh_approx --only fc2,dx --also tile_n=192,stream_k=0"
   [configs_mid]="timeout 70 $BENCH configs --hold-s 0.5 --rounds 4 --also consumers=cooperative,tile_n=256 --T 8192 --d 4096 --h 2048 --act gelu_tanh_approx --only fc1,fc2,dx; timeout 70 $BENCH configs --hold-s 0.5 --rounds 4 --also consumers=cooperative,tile_n=256 --T 8192 --d 2048 --h 4096 --act gelu_tanh_approx --only fc1,fc2,dx; timeout 70 $BENCH configs --hold-s 0.5 --rounds 4 --also consumers=cooperative,tile_n=256 --T 16384 --d 5120 --h 2560 --act gelu_tanh_approx --only fc1,fc2,dx; timeout 70 $BENCH configs --hold-s 0.5 --rounds 4 --also consumers=cooperative,tile_n=256 --T 8192 --d 4096 --h 1376 --act swiglu --only fc1,fc2,dx; timeout 70 $BENCH configs --hold-s 0.5 --rounds 4 --also consumers=cooperative,tile_n=256 --T 4096 --d 5120 --h 3456 --act swiglu --only fc1,fc2,dx; timeout 60 $BENCH configs --graphed 20 --hold-s 0.4 --rounds 4 --also consumers=cooperative,tile_n=256 --T 4096 --d 1024 --h 4096 --act gelu_tanh_approx --only fc1"
   [configs_long_k]="timeout 90 $BENCH configs --hold-s 0.5 --rounds 4 --also consumers=cooperative,tile_n=256 --T 16384 --d 8192 --h 11008 --act swiglu --only fc2,dx; timeout 60 $BENCH configs --hold-s 0.5 --rounds 4 --also consumers=cooperative,tile_n=256 --T 8192 --d 5120 --h 13824 --act swiglu --only dW2; timeout 60 $BENCH configs --hold-s 0.5 --rounds 4 --also consumers=cooperative,tile_n=256 --T 8192 --d 4096 --h 16384 --act gelu_tanh_approx --only dW2; timeout 60 $BENCH configs --hold-s 0.5 --rounds 4 --also consumers=cooperative,tile_n=256 --T 8192 --d 8192 --h 5504 --act swiglu --only dx; timeout 60 $BENCH configs --hold-s 0.5 --rounds 4 --also consumers=cooperative,tile_n=256 --T 2048 --d 8192 --h 32768 --act gelu_tanh_approx --only fc1"
-  [configs_dact]="for s in '8192 1024 2816' '65536 1024 2816' '8192 2048 5632' '65536 2048 704' '8192 4096 1376'; do set -- \$s; timeout 100 $BENCH configs --hold-s 0.5 --rounds 4 --also consumers=cooperative,tile_n=128,cluster_m=1,raster_group=8,dact_prefetch=1,epi_n=32 --also consumers=pingpong,tile_n=192,cluster_m=2,raster_group=16,dact_prefetch=2,epi_n=16 --T \$1 --d \$2 --h \$3 --act swiglu --only dpost; done"
+  [configs_dact]="for s in '8192 1024 2816' '65536 1024 2816' '8192 2048 5632' '65536 2048 704' '8192 4096 1376' '8192 4096 14336'; do set -- \$s; timeout 100 $BENCH configs --hold-s 0.5 --rounds 4 --also consumers=cooperative,tile_n=128,cluster_m=1,raster_group=8,dact_prefetch=1,epi_n=32 --also consumers=pingpong,tile_n=192,cluster_m=2,raster_group=16,dact_prefetch=2,epi_n=16 --T \$1 --d \$2 --h \$3 --act swiglu --only dpost; done"
   [configs_ring]="timeout 200 python3 tools/pytest_shards.py 12 -m gpu tests/kernels/test_ops_gpu.py -k dact_in_place; for s in '8192 1024 2816 swiglu' '65536 1024 2816 swiglu' '65536 1024 1024 gelu_tanh_approx'; do set -- \$s; timeout 100 $BENCH configs --hold-s 0.4 --rounds 4 --also dact_prefetch=2 --also dact_prefetch=3 --also dact_prefetch=3,epi_n=16 --T \$1 --d \$2 --h \$3 --act \$4 --only dpost; done; for s in '8192 2048 5632 swiglu' '65536 2048 704 swiglu' '8192 4096 1376 swiglu' '8192 4096 14336 swiglu' '8192 2048 4096 gelu_tanh_approx' '8192 4096 2048 gelu_tanh_approx'; do set -- \$s; timeout 100 $BENCH configs --hold-s 0.4 --rounds 4 --also consumers=cooperative,tile_n=128,raster_group=8,epi_n=32,dact_prefetch=3,cluster_m=1 --also consumers=cooperative,tile_n=128,raster_group=8,epi_n=32,dact_prefetch=3,cluster_m=2,raster_group=16 --T \$1 --d \$2 --h \$3 --act \$4 --only dpost; done"
   [gemm]="timeout 500 $BENCH gemm --budget-s 420 --json $OUT/gemm.json"
   [mlp]="timeout 200 $BENCH mlp --skip-compile --iters 15 --warmup 3 --budget-s 170 --json $OUT/mlp.json"
@@ -128,8 +131,9 @@ declare -A CMD=(
   [clock]="timeout 120 python3 tools/clock_probe.py --h 7168 && timeout 150 python3 tools/clock_probe.py --h 14336"
   [full]="timeout 570 $BENCH --budget-s 420 --json $OUT/bench.json --png $OUT/bench.png"
   [ncu]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 5 --launch-count 5 --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis $BENCH ncu-cases"
+  [ncu_dact]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 3 --launch-count 3 --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section Occupancy --section ComputeWorkloadAnalysis --section InstructionStats $BENCH ncu-cases --short-k-dact"
 )
-ORDER=(tests_kernels tests_layer tests_defaults tests_all streamk streamk_fill configs_small configs_wave configs_mid configs_long_k configs_dact configs_ring gemm mlp sweep sweep_ceiling sweep_small sweep_graphed tp tp_sp profile small_step_variants timing_spread host_step host_stages host_env host_phases cold clock full ncu)
+ORDER=(tests_kernels tests_layer tests_defaults tests_all streamk streamk_fill configs_small configs_wave configs_mid configs_long_k configs_dact configs_ring gemm mlp sweep sweep_ceiling sweep_small sweep_graphed tp tp_sp profile small_step_variants timing_spread host_step host_stages host_env host_phases cold clock full ncu ncu_dact)
 
 steps=("$@")
 if [ ${#steps[@]} -eq 0 ]; then

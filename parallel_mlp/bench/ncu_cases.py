@@ -5,7 +5,10 @@
         python -m parallel_mlp.bench ncu-cases
 
 The warm-up pass compiles (or loads) every kernel and launches each once; the second pass is the
-one to profile (`--launch-skip` = the number of cases). Shapes: T=8192, d=4096, h=14336, swiglu.
+one to profile (`--launch-skip` = the number of cases). Shapes: T=8192, d=4096, h=14336, swiglu;
+``--short-k-dact`` profiles instead the swiglu dact at K = 1024 (T=8192, d=1024, h=2816) beside
+the plain GEMM of its shape, both in its default config (cooperative 128x128 tiles), and the
+plain GEMM in pingpong 128x192 tiles.
 """
 
 from __future__ import annotations
@@ -13,6 +16,25 @@ from __future__ import annotations
 import argparse
 
 import torch
+
+
+def short_k_dact_cases():
+    from ..kernels import ops
+    from ..kernels.config import GemmConfig
+
+    T, d, h = 8192, 1024, 2816
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def rand(*shape, scale=1.0):
+        return (torch.randn(*shape, device="cuda", generator=g) * scale).to(torch.bfloat16)
+
+    dy, w2, pre = rand(T, d), rand(d, h, scale=h ** -0.5), rand(T, 2 * h)
+    dact_cfg = GemmConfig(128, 128, 1, 1, 8)  # the short-K dact rule's (config.SHORT_K_DACT_MAX_K)
+    return [
+        ("dpost dy@W2 + swiglu dact, cooperative 128x128", lambda: ops.gemm_dact(dy, w2, pre, "swiglu")),
+        ("dpost dy@W2 plain, cooperative 128x128", lambda: ops.gemm(dy, w2, config=dact_cfg)),
+        ("dpost dy@W2 plain, default", lambda: ops.gemm(dy, w2)),
+    ]
 
 
 def cases():
@@ -39,11 +61,14 @@ def cases():
 
 
 def main(argv=None) -> int:
-    argparse.ArgumentParser(prog="python -m parallel_mlp.bench ncu-cases",
-                            description=__doc__.split("\n")[0]).parse_args(argv)
+    parser = argparse.ArgumentParser(prog="python -m parallel_mlp.bench ncu-cases",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--short-k-dact", action="store_true",
+                        help="the swiglu dact at K = 1024 and plain GEMMs of its shape instead")
+    args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("ncu-cases needs a CUDA GPU")
-    todo = cases()
+    todo = short_k_dact_cases() if args.short_k_dact else cases()
     for _ in range(2):
         for name, fn in todo:
             fn()
