@@ -106,12 +106,12 @@ class Epilogue:
                 sL4 = cute.zipped_divide(sL, (1, 4))  # ((1, 4), (rows, cols / 4))
                 sX4 = cute.zipped_divide(sX, (1, 4))
                 # Every preact vector of the subtile is loaded before the first dpreact store.
-                # Loads and stores interleaved pair by pair, no load can pass the store before
-                # it (the compiler cannot tell sX from sL, and in place they are one buffer), so
-                # each pair's load, math and store ran as one dependent chain and the two
-                # consumer warps per scheduler stalled on it: ncu, H200, 2026-12-03 (`bash
-                # tools/gpu_run.sh ncu_dact`), the dact at T=8192 d=1024 h=2816 issued in 22%
-                # of cycles, 9.5 cycles a warp between instructions.
+                # Interleaved pair by pair, no load could pass the store before it (the
+                # compiler cannot tell sX from sL, and in place they are one buffer), so each
+                # pair's load, math and store ran as one dependent chain. Loaded ahead, the
+                # pingpong dacts (one warp per scheduler in an epilogue) ran 5-9% faster and the
+                # cooperative 128x128 one even (bench configs --only dpost, held, H200,
+                # 2026-12-03; kernels/NOTES.md, "dact").
                 pres = []
                 for j in cutlass.range_constexpr(S // 2):
                     r, c = tCcT[base + 2 * j]
