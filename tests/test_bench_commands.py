@@ -22,7 +22,8 @@ def test_also_refuses_what_is_not_field_equals_value(bad):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")
 @pytest.mark.parametrize("command,argv", [("host", ["--calls", "1"]), ("host", ["--step"]),
-                                          ("configs", ["--T", "128"]), ("ncu-cases", [])])
+                                          ("configs", ["--T", "128"]), ("ncu-cases", []),
+                                          ("ncu-cases", ["--short-k-dact"])])
 def test_gpu_only_commands_say_so(command, argv):
     from parallel_mlp.bench.__main__ import main
 
