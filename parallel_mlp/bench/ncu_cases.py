@@ -18,21 +18,28 @@ import argparse
 import torch
 
 
-def short_k_dact_cases():
-    from ..kernels import ops
-    from ..kernels.config import GemmConfig
-
-    T, d, h = 8192, 1024, 2816
-    g = torch.Generator(device="cuda").manual_seed(0)
+def _random_bf16(seed: int = 0):
+    """rand(*shape, scale=1.0): bf16 normal samples on the GPU, one seeded generator per case list."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
 
     def rand(*shape, scale=1.0):
         return (torch.randn(*shape, device="cuda", generator=g) * scale).to(torch.bfloat16)
 
+    return rand
+
+
+def short_k_dact_cases():
+    from ..kernels import ops
+    from ..kernels.config import default_config
+
+    T, d, h = 8192, 1024, 2816
+    rand = _random_bf16()
     dy, w2, pre = rand(T, d), rand(d, h, scale=h ** -0.5), rand(T, 2 * h)
-    dact_cfg = GemmConfig(128, 128, 1, 1, 8)  # the short-K dact rule's (config.SHORT_K_DACT_MAX_K)
+    # the dact's own config (the short-K dact rule's), for the plain GEMM beside it
+    dact_cfg = default_config(T, h, d, kind="dact")
     return [
-        ("dpost dy@W2 + swiglu dact, cooperative 128x128", lambda: ops.gemm_dact(dy, w2, pre, "swiglu")),
-        ("dpost dy@W2 plain, cooperative 128x128", lambda: ops.gemm(dy, w2, config=dact_cfg)),
+        ("dpost dy@W2 + swiglu dact, its default config", lambda: ops.gemm_dact(dy, w2, pre, "swiglu")),
+        ("dpost dy@W2 plain, the dact's config", lambda: ops.gemm(dy, w2, config=dact_cfg)),
         ("dpost dy@W2 plain, default", lambda: ops.gemm(dy, w2)),
     ]
 
@@ -43,11 +50,7 @@ def cases():
 
     T, d, h = 8192, 4096, 14336
     F = 2 * h
-    g = torch.Generator(device="cuda").manual_seed(0)
-
-    def rand(*shape, scale=1.0):
-        return (torch.randn(*shape, device="cuda", generator=g) * scale).to(torch.bfloat16)
-
+    rand = _random_bf16()
     x, w1, dy = rand(T, d), rand(F, d, scale=d ** -0.5), rand(T, d)
     w2, dpre, pre = rand(d, h, scale=h ** -0.5), rand(T, F), rand(T, F)
     pingpong = GemmConfig(128, 128, consumers="pingpong")
