@@ -194,3 +194,122 @@ def consume_tile_pingpong(
     read_state.advance(k_tiles)
     release_state.advance(k_tiles)
     return read_state, release_state
+
+
+# ---- overlapped cooperative consumers --------------------------------------------------------------
+#
+# Both consumer warpgroups split each tile as in the cooperative schedule, but hold two accumulator
+# sets: while they run one tile's epilogue, subtile by subtile, the next tile's WGMMAs are issued
+# into the other set in between, a chunk of K blocks per subtile, so the tensor cores work through
+# the epilogue instead of waiting for it (gemm_sm90._consume_overlap).
+
+
+class ChunkedMainloop:
+    """The next tile's WGMMAs, issued one chunk of K blocks before each of the current tile's
+    epilogue subtiles (`before_subtile(e)`, called by the epilogue at subtile e of `chunks`).
+
+    Each chunk is ONE commit group, so a constant wait_group(1) after committing chunk e says the
+    group before it has retired: chunk e - 1, or at e = 0 the last chunk of the tile whose
+    accumulators the epilogue is about to read. The stages of that group are then released. So
+    while chunk e is issued, chunk e - 1 still holds its stages: two chunks must fit in the ring
+    with room to spare (`max_chunk`), or the producer could not load ahead (or at all) the chunk
+    the consumers wait for. The K blocks the subtiles' chunks leave are issued by `finish()`,
+    after the epilogue, one block per group as the plain mainloop does. The states and the count of stages still held (`held`) are carried in and read
+    back out."""
+
+    def __init__(self, ab_pipeline, read_state, release_state, held, tiled_mma, tiled_mma_first, acc, tCrA,
+                 tCrB, k_tiles, chunks: int, max_chunk: int):
+        self.ab_pipeline = ab_pipeline
+        self.read_state, self.release_state, self.held = read_state, release_state, held
+        self.tiled_mma, self.tiled_mma_first = tiled_mma, tiled_mma_first
+        self.acc, self.tCrA, self.tCrB = acc, tCrA, tCrB
+        self.k_tiles = k_tiles
+        self.chunks = chunks
+        self.per_chunk = cutlass.min((k_tiles + chunks - 1) // chunks, max_chunk)
+
+    def before_subtile(self, e: int):
+        lo = cutlass.min(e * self.per_chunk, self.k_tiles)
+        hi = cutlass.min((e + 1) * self.per_chunk, self.k_tiles)
+        self.read_state = issue_chunk(
+            self.ab_pipeline, self.read_state, self.tiled_mma, self.tiled_mma_first, self.acc, self.tCrA,
+            self.tCrB, lo, hi, e == 0,
+        )
+        cute.nvgpu.warpgroup.wait_group(1)
+        self.release_state = release_stages(self.ab_pipeline, self.release_state, self.held)
+        self.held = hi - lo
+
+    def finish(self):
+        self.read_state, self.release_state, self.held = issue_rest(
+            self.ab_pipeline, self.read_state, self.release_state, self.held, self.tiled_mma, self.acc, self.tCrA,
+            self.tCrB, self.chunks * self.per_chunk, self.k_tiles, 1,
+        )
+
+
+@cute.jit
+def issue_rest(
+    ab_pipeline: pipeline.PipelineTmaAsync,
+    read_state: pipeline.PipelineState,
+    release_state: pipeline.PipelineState,
+    held: cutlass.Int32,
+    tiled_mma: cute.TiledMma,
+    acc: cute.Tensor,
+    tCrA: cute.Tensor,
+    tCrB: cute.Tensor,
+    k_from: cutlass.Int32,
+    k_tiles: cutlass.Int32,
+    per_chunk: cutlass.Int32,
+):
+    """The tile's K blocks from k_from on (none when k_from >= k_tiles), in chunks of per_chunk
+    as ChunkedMainloop issues them. Returns (read_state, release_state, held)."""
+    for c in cutlass.range((k_tiles - k_from + per_chunk - 1) // per_chunk, unroll=1):
+        lo = k_from + c * per_chunk
+        hi = cutlass.min(lo + per_chunk, k_tiles)
+        read_state = issue_chunk(ab_pipeline, read_state, tiled_mma, tiled_mma, acc, tCrA, tCrB, lo, hi, False)
+        cute.nvgpu.warpgroup.wait_group(1)
+        release_state = release_stages(ab_pipeline, release_state, held)
+        held = hi - lo
+    return read_state, release_state, held
+
+
+@cute.jit
+def issue_chunk(
+    ab_pipeline: pipeline.PipelineTmaAsync,
+    read_state: pipeline.PipelineState,
+    tiled_mma: cute.TiledMma,
+    tiled_mma_first: cute.TiledMma,
+    acc: cute.Tensor,
+    tCrA: cute.Tensor,
+    tCrB: cute.Tensor,
+    k_begin: cutlass.Int32,
+    k_end: cutlass.Int32,
+    first: cutlass.Constexpr,
+):
+    """Issue the WGMMAs of K blocks [k_begin, k_end) of a tile into acc and commit them as one
+    group (possibly empty); `first`: k_begin is the tile's block 0, which overwrites acc (see
+    issue_tile_mmas). Returns read_state; releases nothing."""
+    k_from = k_begin
+    if cutlass.const_expr(first):
+        ab_pipeline.consumer_wait(read_state)
+        cute.nvgpu.warpgroup.fence()
+        for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+            mma = tiled_mma_first if kb == 0 else tiled_mma
+            cute.gemm(mma, acc, tCrA[(None, None, kb, read_state.index)], tCrB[(None, None, kb, read_state.index)], acc)
+        read_state.advance()
+        k_from = k_begin + 1
+    for k in cutlass.range(k_from, k_end, unroll=1):
+        ab_pipeline.consumer_wait(read_state)
+        cute.nvgpu.warpgroup.fence()
+        for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+            cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read_state.index)], tCrB[(None, None, kb, read_state.index)], acc)
+        read_state.advance()
+    cute.nvgpu.warpgroup.commit_group()
+    return read_state
+
+
+@cute.jit
+def release_stages(ab_pipeline: pipeline.PipelineTmaAsync, release_state: pipeline.PipelineState, count: cutlass.Int32):
+    """Release `count` ring stages whose WGMMAs have retired, oldest first."""
+    for _ in cutlass.range(count, unroll=1):
+        ab_pipeline.consumer_release(release_state)
+        release_state.advance()
+    return release_state
