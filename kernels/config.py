@@ -35,9 +35,6 @@ TILE_N_CHOICES = (64, 128, 160, 192, 256)
 # 192 (a 128x192 tile) leaves ~40 of the consumer's 232 registers for everything else: ptxas
 # reports no spills for store, accumulate and dact there, 12-76 bytes for the gated act.
 PINGPONG_MAX_ACC_REGS = 192
-# Overlapped cooperative consumers ("overlap"): the widest tile whose two accumulator sets (tile_n
-# registers per thread) leave the epilogue room in the consumer's 232.
-OVERLAP_MAX_TILE_N = 128
 
 
 # The 128x192 pingpong tile is the default only where its padded N is at most this factor of a
@@ -139,9 +136,6 @@ class GemmConfig:
     # each) and then both run its epilogue, so the tensor cores idle during every epilogue.
     # "pingpong": tile_m x tile_n is ONE warpgroup's tile; the two warpgroups take alternate tiles
     # and their mainloops alternate, so one's epilogue overlaps the other's mainloop.
-    # "overlap": cooperative tiles with two accumulator sets; the next tile's WGMMAs are issued
-    # between the epilogue subtiles of the one before, so the tensor cores keep working through
-    # an epilogue that both warpgroups (two warps per scheduler) run.
     consumers: str = "cooperative"
     # dact with cooperative consumers: how many preact subtiles are loaded ahead of the one
     # being computed. 1: a two-slot preact ring and separate dpreact buffers. 2 or 3: a ring of
@@ -205,16 +199,8 @@ class GemmConfig:
                 f"scheduler='dynamic' with cluster=({self.cluster_m},{self.cluster_n}): the dynamic "
                 "scheduler supports 1x1 clusters only (the claimed tile would have to reach the peer CTAs)"
             )
-        if self.consumers not in ("cooperative", "pingpong", "overlap"):
-            raise ValueError(f"consumers={self.consumers!r}: must be 'cooperative', 'pingpong' or 'overlap'")
-        if self.consumers == "overlap" and (self.tile_m != 128 or self.tile_n > OVERLAP_MAX_TILE_N):
-            # Two accumulator sets of tile_n / 2 fp32 registers per thread (64 rows of the tile
-            # per warpgroup), beside the epilogue's own registers.
-            raise ValueError(
-                f"consumers='overlap' with tile {self.tile_m}x{self.tile_n}: each thread holds two "
-                f"accumulator sets of tile_n / 2 registers; the rule is tile_m == 128 and tile_n <= "
-                f"{OVERLAP_MAX_TILE_N}"
-            )
+        if self.consumers not in ("cooperative", "pingpong"):
+            raise ValueError(f"consumers={self.consumers!r}: must be 'cooperative' or 'pingpong'")
         if self.tile_m == 256:
             # Two warpgroups of 128 rows each: tile_n accumulators per thread, as many as one
             # pingpong warpgroup's 128x128. The tile cuBLAS picks for most of the MLP's GEMMs

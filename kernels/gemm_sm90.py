@@ -30,10 +30,6 @@ Consumer schedules (config.consumers):
   warpgroup's epilogue runs while the other's WGMMAs keep the tensor cores busy. Each warpgroup
   has its own store warp, its own 128-thread epilogue barrier and its own preact (dact) TMA-load
   ring. See _consume_pingpong.
-- "overlap": cooperative tiles (both warpgroups split each 128-row tile and run its epilogue),
-  with two accumulator sets: between a tile's epilogue subtiles the warpgroups issue the next
-  tile's WGMMAs into the other set, a chunk of K blocks per subtile, so the tensor cores work
-  through the epilogue with two warps per scheduler running it. See _consume_overlap.
 """
 
 from __future__ import annotations
@@ -65,11 +61,6 @@ except ImportError:  # pragma: no cover
 
 SMEM_CAPACITY = 232448  # max dynamic smem per CTA on sm_90 (227 KB)
 PRODUCER_REGS = 40
-# Overlapped cooperative consumers: A/B stages left for the producer to load ahead beside the two
-# chunks of K blocks the consumers hold (mainloop.ChunkedMainloop). With none spare (chunks of
-# half the ring), every chunk waited for its own loads: 128x128 GEMMs ran 7-30% slower than
-# cooperative ones (bench configs, H200, 2026-12-03).
-OVERLAP_SPARE_STAGES = 2
 CONSUMER_REGS = 232
 EPI_STAGES = 2
 
@@ -89,7 +80,6 @@ class PersistentGemmSm90:
         self.tile_shape_mnk = (config.tile_m, config.tile_n, TILE_K)
         self.cluster_shape_mn = (config.cluster_m, config.cluster_n)
         self.pingpong = config.consumers == "pingpong"
-        self.overlap = config.consumers == "overlap"
         # Cooperative: two consumer warpgroups split a 128-row tile (64 rows each); a 64-row tile
         # needs one. Pingpong: the tiled MMA is one warpgroup's (a 128-row tile is two m64 atoms
         # along M, run by the same warpgroup), and there are always two consumer warpgroups.
@@ -115,10 +105,7 @@ class PersistentGemmSm90:
         # 2.696 ms; bench configs --also max_stages=N), and the two-slot ring plus dpreact buffers
         # left the gated dact 3. The load latency this exposes per subtile falls inside the
         # other warpgroup's mainloop.
-        # Overlapped cooperative dact: in place as well, with dact_prefetch + 1 slots: its preact
-        # ring runs on from one tile into the next (the slot a subtile's stores release takes
-        # the subtile l_ahead on, in the next tile once past this one's end).
-        self.dpre_in_place = epilogue.kind == "dact" and (config.dact_prefetch > 1 or self.pingpong or self.overlap)
+        self.dpre_in_place = epilogue.kind == "dact" and (config.dact_prefetch > 1 or self.pingpong)
         # Pingpong with dact_prefetch=2: two slots per warpgroup, both filled at the tile's start
         # and each refilled as soon as its subtile's stores have read it, so a subtile's preact
         # loads while the one before is computed (fits beside 5 stages with epi_n=16).
@@ -479,16 +466,6 @@ class PersistentGemmSm90:
                     storage.sL.get_tensor(sL_layout.outer, swizzle=sL_layout.inner),
                     tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, mBias, m_size, n_size,
                 )
-            elif cutlass.const_expr(self.overlap):
-                self._consume_overlap(
-                    tidx, warp_idx, tiled_mma, tiled_mma_first, sA, sB, ab_pipeline, k_tiles, sched_params, index_pipe, s_idx, l_mbar,
-                    storage.sD.get_tensor(sD_layout.outer, swizzle=sD_layout.inner),
-                    storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner),
-                    storage.sH.get_tensor(sH_layout.outer, swizzle=sH_layout.inner),
-                    storage.sX.get_tensor(sX_layout.outer, swizzle=sX_layout.inner),
-                    storage.sL.get_tensor(sL_layout.outer, swizzle=sL_layout.inner),
-                    tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, mBias, m_size, n_size,
-                )
             else:
                 mma_tidx = tidx - 128
                 thr_mma = tiled_mma.get_slice(mma_tidx)
@@ -786,117 +763,6 @@ class PersistentGemmSm90:
                 work = sched.get_current_work()
         store_pipeline.producer_tail()
 
-    @cute.jit
-    def _consume_overlap(
-        self, tidx, warp_idx, tiled_mma, tiled_mma_first, sA, sB, ab_pipeline, k_tiles, sched_params, index_pipe, s_idx, l_mbar,
-        sD, sP, sH, sX, sL, tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, mBias, m_size, n_size,
-    ):
-        """The two consumer warpgroups of the overlapped cooperative schedule.
-
-        Tiles alternate between two accumulator sets. The first tile's mainloop runs alone; then
-        each tile's epilogue runs with the next tile's WGMMAs issued between its subtiles
-        (mainloop.ChunkedMainloop), into the other set. The loop body covers two tiles, one per
-        set, so that every accumulator access names its registers at compile time (WGMMAs in
-        flight on one set while the epilogue reads the other). The preact ring (dact) runs on
-        across tiles: the epilogue loads the next tile's first subtiles as its own last ones
-        release their slots."""
-        tm, tn, _ = self.tile_shape_mnk
-        has = {c: self.ch_width[c] > 0 for c in self.ch_width}
-        num_sub = tn // self.epi_tile[1]
-        mma_tidx = tidx - 128
-        thr_mma = tiled_mma.get_slice(mma_tidx)
-        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
-        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
-        tCcT = thr_mma.partition_C(cute.make_identity_tensor((tm, tn)))
-        gcG = cute.local_tile(cute.make_identity_tensor((m_size, n_size)), (tm, tn), (None, None))
-        acc0 = cute.make_rmem_tensor(tCcT.shape, self.acc_dtype)
-        acc1 = cute.make_rmem_tensor(tCcT.shape, self.acc_dtype)
-        ep = self._epilogue_setup(
-            tiled_mma, mma_tidx, acc0, sD, sP, sH, sX, sL,
-            tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, l_mbar,
-        )
-        views = (ep.tRS_acc, ep.r2s_d.retile(acc1))
-        acc_of = list(range(cute.size(ep.tRS_acc)))
-        S = ep.S
-        epi_barrier = pipeline.NamedBarrier(barrier_id=1, num_threads=self.num_mma_threads)
-        store_pipeline = pipeline.PipelineTmaStore.create(
-            num_stages=EPI_STAGES,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads),
-        )
-        is_store_warp = warp_idx == 4
-
-        sched, work, read_state, release_state = self._consumer_start(sched_params, index_pipe, s_idx)
-        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-        tiled_mma_first.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
-        epi_count = cutlass.Int32(0)
-        held = cutlass.Int32(0)  # ring stages of the last chunk issued, not yet released
-        have = work.is_valid_tile
-        m0, n0, l0 = work.tile_idx
-        m1, n1, l1 = work.tile_idx
-        if have:
-            if cutlass.const_expr(has["L"]):
-                if is_store_warp:
-                    for e in cutlass.range_constexpr(min(self.l_ahead, num_sub)):
-                        self._load_preact(ep, (m0, n0, l0), e, e, 0)
-            read_state, release_state = mainloop.consume_tile(
-                ab_pipeline, read_state, release_state, tiled_mma, tiled_mma_first, acc0, tCrA, tCrB, k_tiles
-            )
-        while have:
-            # Tile (m0, n0) is in acc0; the next one goes into acc1.
-            sched.advance_to_next_work()
-            work = sched.get_current_work()
-            have = work.is_valid_tile
-            m1, n1, l1 = work.tile_idx
-            epi_count, read_state, release_state, held = self._overlapped_epilogue(
-                ep, (m0, n0, l0), (m1, n1, l1), have, views[0], acc1, acc_of, tCcT, gcG, thr_mma,
-                epi_count, read_state, release_state, held, ab_pipeline, tiled_mma, tiled_mma_first,
-                tCrA, tCrB, k_tiles, is_store_warp, epi_barrier, store_pipeline, mBias, n_size, S,
-            )
-            if have:
-                # ... and the same with the sets' roles swapped.
-                sched.advance_to_next_work()
-                work = sched.get_current_work()
-                have = work.is_valid_tile
-                m0, n0, l0 = work.tile_idx
-                epi_count, read_state, release_state, held = self._overlapped_epilogue(
-                    ep, (m1, n1, l1), (m0, n0, l0), have, views[1], acc0, acc_of, tCcT, gcG, thr_mma,
-                    epi_count, read_state, release_state, held, ab_pipeline, tiled_mma, tiled_mma_first,
-                    tCrA, tCrB, k_tiles, is_store_warp, epi_barrier, store_pipeline, mBias, n_size, S,
-                )
-        store_pipeline.producer_tail()
-
-    @cute.jit
-    def _overlapped_epilogue(
-        self, ep, tc, next_tc, has_next, tRS_acc, next_acc, acc_of, tCcT, gcG, thr_mma,
-        epi_count, read_state, release_state, held, ab_pipeline, tiled_mma, tiled_mma_first,
-        tCrA, tCrB, k_tiles, is_store_warp, epi_barrier, store_pipeline, mBias, n_size, S: cutlass.Constexpr,
-    ):
-        """Tile tc's epilogue from the accumulators tRS_acc views; with a next tile, its WGMMAs
-        go into next_acc chunk by chunk meanwhile, else the last chunk in flight retires first.
-        Returns (epi_count, read_state, release_state, held)."""
-        tile_cG = thr_mma.partition_C(gcG[(None, None, tc[0], tc[1])])
-        num_sub = self.tile_shape_mnk[1] // self.epi_tile[1]
-        if has_next:
-            chunks = mainloop.ChunkedMainloop(
-                ab_pipeline, read_state, release_state, held, tiled_mma, tiled_mma_first, next_acc,
-                tCrA, tCrB, k_tiles, num_sub, max(1, (self.ab_stages - OVERLAP_SPARE_STAGES) // 2),
-            )
-            epi_count = self._epilogue_tile(
-                ep, tc, acc_of, tCcT, tile_cG, epi_count, 0, is_store_warp, epi_barrier, store_pipeline,
-                mBias, n_size, S, True, False, tRS_acc=tRS_acc, mma_next=chunks, next_tc=next_tc,
-            )
-            chunks.finish()
-            read_state, release_state, held = chunks.read_state, chunks.release_state, chunks.held
-        else:
-            cute.nvgpu.warpgroup.wait_group(0)
-            release_state = mainloop.release_stages(ab_pipeline, release_state, held)
-            held = cutlass.Int32(0)
-            epi_count = self._epilogue_tile(
-                ep, tc, acc_of, tCcT, tile_cG, epi_count, 0, is_store_warp, epi_barrier, store_pipeline,
-                mBias, n_size, S, True, False, tRS_acc=tRS_acc,
-            )
-        return epi_count, read_state, release_state, held
-
     def _copy_order(self, tiled_mma, m_size, n_size):
         """For a warpgroup with two m64 atoms along M (a pingpong 128-row tile, or half of a
         cooperative 256-row one): the retiled accumulators run over all columns of the first 64
@@ -1006,7 +872,6 @@ class PersistentGemmSm90:
     def _epilogue_tile(
         self, ep, tc, acc_of, cT, cG, count, wg, is_store_warp, epi_barrier, store_pipeline, mBias, n_size,
         S: cutlass.Constexpr, buffer_by_count: cutlass.Constexpr, drain_last: cutlass.Constexpr,
-        tRS_acc=None, mma_next=None, next_tc=None,
     ):
         """One tile's epilogue, epi_n accumulator columns (one subtile) at a time; returns the
         subtile count advanced by the tile's subtiles.
@@ -1022,27 +887,20 @@ class PersistentGemmSm90:
         `count` numbers this thread group's subtiles: it picks the preact slot and its
         phase, and the output buffer when `buffer_by_count` (else buffer e % 2, for epilogues that
         start drained); `drain_last` waits for all stores at the last subtile instead.
-        `tRS_acc`: the accumulators to read (default ep.tRS_acc). `mma_next` (overlapped
-        schedule): its before_subtile(e) issues the next tile's WGMMAs ahead of subtile e, and
-        the preact ring's loads past this tile's last subtile fetch `next_tc`'s first ones.
         """
-        if cutlass.const_expr(tRS_acc is None):
-            tRS_acc = ep.tRS_acc
         has = {c: self.ch_width[c] > 0 for c in self.ch_width}
         w = self.epi_tile[1]
         num_sub = self.tile_shape_mnk[1] // w
         for e in cutlass.range_constexpr(num_sub):
             buf = count % EPI_STAGES if cutlass.const_expr(buffer_by_count) else e % EPI_STAGES
             lslot = wg * self.l_ring + count % self.l_ring
-            if cutlass.const_expr(mma_next is not None):
-                mma_next.before_subtile(e)
             if cutlass.const_expr(has["L"]):
                 if cutlass.const_expr(not self.dpre_in_place and e + 1 < num_sub):
                     if is_store_warp:
                         self._load_preact(ep, tc, e + 1, count + 1, wg)
                 cute.arch.mbarrier_wait(ep.l_mbar + lslot, (count // self.l_ring) % 2)
             for v in cutlass.range_constexpr(S):
-                ep.rAcc[v] = tRS_acc[acc_of[e * S + v]]
+                ep.rAcc[v] = ep.tRS_acc[acc_of[e * S + v]]
             self.epilogue.visit(
                 ep.rAcc, ep.rD, ep.rP, cT, cG, e * S, e * w, n_size, mBias,
                 ep.sL[(None, None, lslot)] if cutlass.const_expr(has["L"]) else None,
@@ -1088,9 +946,6 @@ class PersistentGemmSm90:
                         # The previous subtile's stores have read its preact slot, which is the
                         # slot of subtile e + l_ahead: refill it.
                         self._load_preact(ep, tc, e + self.l_ahead, count + self.l_ahead, wg)
-                    elif cutlass.const_expr(self.dpre_in_place and not self.pingpong and next_tc is not None):
-                        # Past this tile's last subtile: the next tile's, into the same ring.
-                        self._load_preact(ep, next_tc, e + self.l_ahead - num_sub, count + self.l_ahead, wg)
                     if cutlass.const_expr(self.dpre_in_place and self.pingpong and e >= 1
                                           and e - 1 + self.l_ring < num_sub):
                         # Pingpong filled every slot at the tile's start: the slot subtile e - 1

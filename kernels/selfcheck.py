@@ -38,7 +38,7 @@ def variants(quick: bool = False):
     the default tile; plus the other tiles and a 2x1 cluster for the plain store.
     --quick keeps one dtype's layouts and every activation once (a fast local check; CI runs all).
     Both add the dynamic tile scheduler for each epilogue kind (store, accumulate, act, dact)
-    and the pingpong and overlapped consumer schedules (pingpong_variants, overlap_variants).
+    and the pingpong consumer schedule (pingpong_variants).
     """
     cfg = GemmConfig()
     out = []
@@ -71,29 +71,7 @@ def variants(quick: bool = False):
     out += tile256_variants(quick)
     out += epi16_variants(quick)
     out += stream_k_variants(quick)
-    out += overlap_variants(quick)
     return out
-
-
-def overlap_variants(quick: bool = False):
-    """The overlapped cooperative schedule (consumers="overlap"): the gated and non-gated dact
-    (its preact ring running on across tiles), and but for --quick the act with a bias, the
-    fp32 accumulate on the dynamic scheduler and a plain store in 2x1 clusters."""
-    c = GemmConfig(128, 128, 1, 1, 8, consumers="overlap")
-    keys = [
-        KernelKey(EpilogueSpec("dact", "swiglu"), c, "bfloat16", "row", "col", "bfloat16"),
-        KernelKey(EpilogueSpec("dact", "gelu_tanh_approx"), dataclasses.replace(c, epi_n=16, dact_prefetch=2),
-                  "bfloat16", "row", "col", "bfloat16"),
-    ]
-    if not quick:
-        keys += [
-            KernelKey(EpilogueSpec("act", "swiglu", True), c, "bfloat16", "row", "row", "bfloat16", "bfloat16"),
-            KernelKey(EpilogueSpec("accumulate"), dataclasses.replace(c, scheduler="dynamic"), "bfloat16", "col",
-                      "col", "float32"),
-            KernelKey(EpilogueSpec("store"), dataclasses.replace(c, cluster_m=2, tile_n=64), "float16", "row",
-                      "row", "float16"),
-        ]
-    return keys
 
 
 def stream_k_variants(quick: bool = False):
