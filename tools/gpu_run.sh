@@ -89,6 +89,8 @@
 #     ncu            ncu on five GEMMs (bench ncu-cases; needs the Firecracker runtime's ncu)
 #     ncu_dact       ncu on the swiglu dact at K = 1024 (T=8192 d=1024) and plain GEMMs of its shape
 #                    (bench ncu-cases --short-k-dact): where its epilogue's time goes
+#     ncu_smem       ncu's shared-memory wavefronts, bank conflicts and stall latencies of the same
+#                    cases: how many wavefronts the dact epilogue's preact loads and dpreact stores take
 #   bash tools/gpu_run.sh --list          print the commands, run nothing
 #
 # Each step runs under `timeout` and appends to $OUT/<step>.txt; a failing step does not stop
@@ -131,9 +133,10 @@ declare -A CMD=(
   [clock]="timeout 120 python3 tools/clock_probe.py --h 7168 && timeout 150 python3 tools/clock_probe.py --h 14336"
   [full]="timeout 570 $BENCH --budget-s 420 --json $OUT/bench.json --png $OUT/bench.png"
   [ncu]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 5 --launch-count 5 --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis $BENCH ncu-cases"
+  [ncu_smem]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 3 --launch-count 3 --metrics l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum,smsp__inst_executed_op_shared_ld.sum,smsp__inst_executed_op_shared_st.sum,smsp__inst_executed_op_global_ld.sum,smsp__average_warp_latency_issue_stalled_long_scoreboard.ratio,smsp__average_warp_latency_issue_stalled_barrier.ratio,smsp__average_warp_latency_issue_stalled_wait.ratio $BENCH ncu-cases --short-k-dact"
   [ncu_dact]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 3 --launch-count 3 --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section Occupancy --section ComputeWorkloadAnalysis --section InstructionStats $BENCH ncu-cases --short-k-dact"
 )
-ORDER=(tests_kernels tests_layer tests_defaults tests_all streamk streamk_fill configs_small configs_wave configs_mid configs_long_k configs_dact configs_ring gemm mlp sweep sweep_ceiling sweep_small sweep_graphed tp tp_sp profile small_step_variants timing_spread host_step host_stages host_env host_phases cold clock full ncu ncu_dact)
+ORDER=(tests_kernels tests_layer tests_defaults tests_all streamk streamk_fill configs_small configs_wave configs_mid configs_long_k configs_dact configs_ring gemm mlp sweep sweep_ceiling sweep_small sweep_graphed tp tp_sp profile small_step_variants timing_spread host_step host_stages host_env host_phases cold clock full ncu ncu_dact ncu_smem)
 
 steps=("$@")
 if [ ${#steps[@]} -eq 0 ]; then
