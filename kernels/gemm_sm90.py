@@ -845,7 +845,31 @@ class PersistentGemmSm90:
             mT = mX if self.epi.gated else mD
             ep.smem[self.dpre], ep.gmem[self.dpre] = self._tma_view(ep.tma[self.dpre], mT, sL, "L")
             ep.tRS_sL = ep.thr_r2s_d.partition_D(sL)
+        ep.pair_swap = None
+        if cutlass.const_expr(self.epi.kind == "dact" and self.epi.gated and self.epi_tile[1] == 32):
+            ep.pair_swap = self._pair_swap(tiled_mma, ep.r2s_d, copy_order is not None, ep.S)
+        self.epilogue.pair_swap = ep.pair_swap
         return ep
+
+    def _pair_swap(self, tiled_mma, r2s, copy_ordered: bool, S: int):
+        """For the gated dact's 32-column subtiles: entry j names the value pair of the same row
+        whose accumulator columns are pair j's XOR 16 (column group g ^ 2). Threads of odd rows
+        read and write that pair's preact and dpreact where even rows take pair j, so that the
+        four rows a half-warp serves cover all eight 16-byte chunks of the 128B swizzle instead
+        of two rows sharing each chunk pair (kernels/NOTES.md, "dact"). Static: thread 0's
+        coordinates, the same pattern for every thread and subtile."""
+        tm, tn, _ = self.tile_shape_mnk
+        ident = cute.make_identity_tensor((tm, tn))
+        c0 = r2s.get_slice(0).partition_S(ident) if copy_ordered else tiled_mma.get_slice(0).partition_C(ident)
+        swap = None
+        for e in range(tn // 32):
+            coords = [tuple(c0[e * S + v]) for v in range(S)]
+            pos = {coords[2 * j]: j for j in range(S // 2)}
+            this = [pos[(r, c ^ 16)] for (r, c) in coords[0::2]]
+            if swap is not None and this != swap:
+                raise ValueError(f"dact pair swap differs between subtiles: {swap} vs {this}")
+            swap = this
+        return swap
 
     @cute.jit
     def _load_preact(self, ep, tc, e: cutlass.Constexpr, count, wg):
