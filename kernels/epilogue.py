@@ -136,16 +136,18 @@ class Epilogue:
                             dpre[2 * t + 1] = (du * dy).to(sX.element_type)
                         sX4[((0, None), (r, k))].store(dpre.load())
                 else:
-                    # Odd rows take pair pair_swap[j] (column group g ^ 2, 8 vectors over) where
-                    # even rows take pair j: slot j's preact is read from, and its dpreact
-                    # written to, that pair's address, 2 shared-memory wavefronts per warp access
-                    # instead of 4 (PersistentGemmSm90._pair_swap). Only the accumulators going in
-                    # and the postact coming out are swapped (selects, in place, so no value
-                    # waits in an extra register). Each thread keeps to
-                    # its own row and columns, so in place stays race-free.
-                    r0 = tCcT[base][0]
-                    odd = (r0 % 2) == 1
-                    flip = (r0 % 2) * 8
+                    # Threads whose row has bit row_bit set take pair pair_swap[j] (the column
+                    # group vector_xor vectors over) where the others take pair j: slot j's
+                    # preact is read from, and its dpreact written to, that pair's address, 2
+                    # shared-memory wavefronts per warp access instead of 4
+                    # (PersistentGemmSm90._pair_swap). Only the accumulators going in and the
+                    # postact coming out are swapped, by selects in place (no value waits in an
+                    # extra register). Each thread keeps to its own row and columns, so writing
+                    # dpreact in place stays race-free.
+                    pair_swap, row_bit, vector_xor = pair_swap
+                    sel = (tCcT[base][0] >> row_bit) & 1
+                    odd = sel == 1
+                    flip = sel * vector_xor
                     pres = []
                     for j in cutlass.range_constexpr(S // 2):
                         r, c = tCcT[base + 2 * j]
@@ -160,7 +162,7 @@ class Epilogue:
                             u = pre[2 * t + 1]
                             dy = cutlass.select_(odd, rAcc[2 * q + t], rAcc[2 * j + t])
                             dg, du = s.act.grad(g, u, m)
-                            # slot j's postact is pair j's (even rows) or pair q's (odd rows)
+                            # slot j's postact is pair j's, or pair q's in a swapped row
                             p = s.act.fn(g, u, m)
                             rP[2 * j + t] = cutlass.select_(odd, rP[2 * j + t], p)
                             rP[2 * q + t] = cutlass.select_(odd, p, rP[2 * q + t])

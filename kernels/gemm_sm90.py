@@ -846,30 +846,37 @@ class PersistentGemmSm90:
             ep.smem[self.dpre], ep.gmem[self.dpre] = self._tma_view(ep.tma[self.dpre], mT, sL, "L")
             ep.tRS_sL = ep.thr_r2s_d.partition_D(sL)
         ep.pair_swap = None
-        if cutlass.const_expr(self.epi.kind == "dact" and self.epi.gated and self.epi_tile[1] == 32):
+        if cutlass.const_expr(self.epi.kind == "dact" and self.epi.gated):
             ep.pair_swap = self._pair_swap(tiled_mma, ep.r2s_d, copy_order is not None, ep.S)
         self.epilogue.pair_swap = ep.pair_swap
         return ep
 
     def _pair_swap(self, tiled_mma, r2s, copy_ordered: bool, S: int):
-        """For the gated dact's 32-column subtiles: entry j names the value pair of the same row
-        whose accumulator columns are pair j's XOR 16 (column group g ^ 2). Threads of odd rows
-        read and write that pair's preact and dpreact where even rows take pair j, so that the
-        four rows a half-warp serves cover all eight 16-byte chunks of the 128B swizzle instead
-        of two rows sharing each chunk pair (kernels/NOTES.md, "dact"). Static: thread 0's
+        """The gated dact's shared-memory access permutation: (partner, row_bit, vector_xor).
+
+        A thread reads 8 bytes of preact (and writes 8 of dpreact) per accumulator pair; four
+        threads per row, eight rows per warp, 32 bytes of a row each. The smem rows are 128 bytes
+        (32-column subtiles, 128B swizzle: chunk ^= row % 8) or 64 (16 columns, 64B swizzle:
+        chunk ^= (row / 2) % 4), and 8-byte accesses are served a half-warp (four rows) at a
+        time: rows r and r ^ 1 (128B), or r and r ^ 2 (64B), land on the same chunks, 4
+        wavefronts where 2 do (kernels/NOTES.md, "dact"). So threads whose row has bit `row_bit`
+        set take, at slot j, pair partner[j]: same row, accumulator columns XOR 16 (128B) or 8
+        (64B), i.e. the 4-element preact vector index XOR vector_xor. Static: thread 0's
         coordinates, the same pattern for every thread and subtile."""
         tm, tn, _ = self.tile_shape_mnk
+        w = self.epi_tile[1]
+        col_xor, row_bit = (16, 0) if w == 32 else (8, 1)
         ident = cute.make_identity_tensor((tm, tn))
         c0 = r2s.get_slice(0).partition_S(ident) if copy_ordered else tiled_mma.get_slice(0).partition_C(ident)
         swap = None
-        for e in range(tn // 32):
+        for e in range(tn // w):
             coords = [tuple(c0[e * S + v]) for v in range(S)]
             pos = {coords[2 * j]: j for j in range(S // 2)}
-            this = [pos[(r, c ^ 16)] for (r, c) in coords[0::2]]
+            this = [pos[(r, c ^ col_xor)] for (r, c) in coords[0::2]]
             if swap is not None and this != swap:
                 raise ValueError(f"dact pair swap differs between subtiles: {swap} vs {this}")
             swap = this
-        return swap
+        return swap, row_bit, col_xor // 2
 
     @cute.jit
     def _load_preact(self, ep, tc, e: cutlass.Constexpr, count, wg):
