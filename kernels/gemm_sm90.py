@@ -91,6 +91,7 @@ class PersistentGemmSm90:
         self.epi_tile = (config.tile_m, config.epi_n)
         self.max_active_clusters = config.num_sms // (config.cluster_m * config.cluster_n)
         self.dynamic = config.scheduler == "dynamic"
+        self.dact_pair_swap = config.dact_pair_swap
         self.stream_k = config.stream_k
         if self.stream_k and epilogue.kind == "dact":
             # Only the owner of a tile runs its epilogue; the dact's preact ring is loaded ahead
@@ -846,7 +847,7 @@ class PersistentGemmSm90:
             ep.smem[self.dpre], ep.gmem[self.dpre] = self._tma_view(ep.tma[self.dpre], mT, sL, "L")
             ep.tRS_sL = ep.thr_r2s_d.partition_D(sL)
         ep.pair_swap = None
-        if cutlass.const_expr(self.epi.kind == "dact" and self.epi.gated):
+        if cutlass.const_expr(self.epi.kind == "dact" and self.epi.gated and self.dact_pair_swap):
             ep.pair_swap = self._pair_swap(tiled_mma, ep.r2s_d, copy_order is not None, ep.S)
         self.epilogue.pair_swap = ep.pair_swap
         return ep
