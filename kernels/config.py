@@ -174,6 +174,10 @@ class GemmConfig:
     # cluster, partial sums reduced in a fixed order through an fp32 workspace (tile_scheduler,
     # "Stream-K"). Deterministic, but not bitwise equal to the whole-tile kernel.
     stream_k: bool = False
+    # Gated dact: rows that would share shared-memory chunks with their neighbour row read preact
+    # and write dpreact at the accumulator pair next door, 2 wavefronts per warp access instead
+    # of 4 (PersistentGemmSm90._pair_swap; kernels/NOTES.md, "dact"). Off only to measure it.
+    dact_pair_swap: bool = True
 
     def __post_init__(self):
         if self.tile_m not in (64, 128, 192, 256):
@@ -262,6 +266,7 @@ class GemmConfig:
         st += "" if self.epi_n == 32 else f"_e{self.epi_n}"
         st += "" if self.cache_hints == "normal" else f"_l2{self.cache_hints}"
         st += "_sk" if self.stream_k else ""
+        st += "" if self.dact_pair_swap else "_nops"
         return (
             f"t{self.tile_m}x{self.tile_n}_c{self.cluster_m}x{self.cluster_n}"
             f"_g{self.raster_group}_sm{self.num_sms}{sched}{cons}{pf}{l2}{st}"

@@ -91,6 +91,7 @@ class PersistentGemmSm90:
         self.epi_tile = (config.tile_m, config.epi_n)
         self.max_active_clusters = config.num_sms // (config.cluster_m * config.cluster_n)
         self.dynamic = config.scheduler == "dynamic"
+        self.dact_pair_swap = config.dact_pair_swap
         self.stream_k = config.stream_k
         if self.stream_k and epilogue.kind == "dact":
             # Only the owner of a tile runs its epilogue; the dact's preact ring is loaded ahead
@@ -845,7 +846,38 @@ class PersistentGemmSm90:
             mT = mX if self.epi.gated else mD
             ep.smem[self.dpre], ep.gmem[self.dpre] = self._tma_view(ep.tma[self.dpre], mT, sL, "L")
             ep.tRS_sL = ep.thr_r2s_d.partition_D(sL)
+        ep.pair_swap = None
+        if cutlass.const_expr(self.epi.kind == "dact" and self.epi.gated and self.dact_pair_swap):
+            ep.pair_swap = self._pair_swap(tiled_mma, ep.r2s_d, copy_order is not None, ep.S)
+        self.epilogue.pair_swap = ep.pair_swap
         return ep
+
+    def _pair_swap(self, tiled_mma, r2s, copy_ordered: bool, S: int):
+        """The gated dact's shared-memory access permutation: (partner, row_bit, vector_xor).
+
+        A thread reads 8 bytes of preact (and writes 8 of dpreact) per accumulator pair; four
+        threads per row, eight rows per warp, 32 bytes of a row each. The smem rows are 128 bytes
+        (32-column subtiles, 128B swizzle: chunk ^= row % 8) or 64 (16 columns, 64B swizzle:
+        chunk ^= (row / 2) % 4), and 8-byte accesses are served a half-warp (four rows) at a
+        time: rows r and r ^ 1 (128B), or r and r ^ 2 (64B), land on the same chunks, 4
+        wavefronts where 2 do (kernels/NOTES.md, "dact"). So threads whose row has bit `row_bit`
+        set take, at slot j, pair partner[j]: same row, accumulator columns XOR 16 (128B) or 8
+        (64B), i.e. the 4-element preact vector index XOR vector_xor. Static: thread 0's
+        coordinates, the same pattern for every thread and subtile."""
+        tm, tn, _ = self.tile_shape_mnk
+        w = self.epi_tile[1]
+        col_xor, row_bit = (16, 0) if w == 32 else (8, 1)
+        ident = cute.make_identity_tensor((tm, tn))
+        c0 = r2s.get_slice(0).partition_S(ident) if copy_ordered else tiled_mma.get_slice(0).partition_C(ident)
+        swap = None
+        for e in range(tn // w):
+            coords = [tuple(c0[e * S + v]) for v in range(S)]
+            pos = {coords[2 * j]: j for j in range(S // 2)}
+            this = [pos[(r, c ^ col_xor)] for (r, c) in coords[0::2]]
+            if swap is not None and this != swap:
+                raise ValueError(f"dact pair swap differs between subtiles: {swap} vs {this}")
+            swap = this
+        return swap, row_bit, col_xor // 2
 
     @cute.jit
     def _load_preact(self, ep, tc, e: cutlass.Constexpr, count, wg):

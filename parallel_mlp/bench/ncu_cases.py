@@ -7,8 +7,10 @@
 The warm-up pass compiles (or loads) every kernel and launches each once; the second pass is the
 one to profile (`--launch-skip` = the number of cases). Shapes: T=8192, d=4096, h=14336, swiglu;
 ``--short-k-dact`` profiles instead the swiglu dact at K = 1024 (T=8192, d=1024, h=2816) beside
-the plain GEMM of its shape, both in its default config (cooperative 128x128 tiles), and the
-plain GEMM in pingpong 128x192 tiles.
+the plain GEMM of its shape, both in its default config (cooperative 128x128 tiles), the plain
+GEMM in pingpong 128x192 tiles, and the dact without its pair swap (GemmConfig.dact_pair_swap)
+in that cooperative config and in the big dact's pingpong 128x192 one (16-column subtiles), with
+the swap and without: the shared-memory wavefronts the swap saves under both swizzles.
 """
 
 from __future__ import annotations
@@ -30,17 +32,26 @@ def _random_bf16(seed: int = 0):
 
 def short_k_dact_cases():
     from ..kernels import ops
-    from ..kernels.config import default_config
+    import dataclasses
+
+    from ..kernels.config import big_pingpong_config, default_config
 
     T, d, h = 8192, 1024, 2816
     rand = _random_bf16()
     dy, w2, pre = rand(T, d), rand(d, h, scale=h ** -0.5), rand(T, 2 * h)
     # the dact's own config (the short-K dact rule's), for the plain GEMM beside it
     dact_cfg = default_config(T, h, d, kind="dact")
+    no_swap = dataclasses.replace(dact_cfg, dact_pair_swap=False)
+    pp = big_pingpong_config(T, h, kind="dact")
+    pp_no_swap = dataclasses.replace(pp, dact_pair_swap=False)
     return [
         ("dpost dy@W2 + swiglu dact, its default config", lambda: ops.gemm_dact(dy, w2, pre, "swiglu")),
         ("dpost dy@W2 plain, the dact's config", lambda: ops.gemm(dy, w2, config=dact_cfg)),
         ("dpost dy@W2 plain, default", lambda: ops.gemm(dy, w2)),
+        ("dpost dy@W2 + swiglu dact, no pair swap", lambda: ops.gemm_dact(dy, w2, pre, "swiglu", config=no_swap)),
+        ("dpost dy@W2 + swiglu dact, pingpong (big default)", lambda: ops.gemm_dact(dy, w2, pre, "swiglu", config=pp)),
+        ("dpost dy@W2 + swiglu dact, pingpong, no pair swap",
+         lambda: ops.gemm_dact(dy, w2, pre, "swiglu", config=pp_no_swap)),
     ]
 
 
