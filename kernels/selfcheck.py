@@ -71,7 +71,20 @@ def variants(quick: bool = False):
     out += tile256_variants(quick)
     out += epi16_variants(quick)
     out += stream_k_variants(quick)
+    out += pair_swap_off_variants(quick)
     return out
+
+
+def pair_swap_off_variants(quick: bool = False):
+    """The gated dact without its pair swap (config.dact_pair_swap=False; every other gated dact
+    here has it): the cooperative 128x128 tile of the short-K rule and the default big dact's
+    pingpong 128x192 with 16-column subtiles, one per swizzle the swap handles."""
+    coop = GemmConfig(128, 128, 1, 1, 8, dact_pair_swap=False)
+    pp = GemmConfig(128, 192, 2, 1, 16, consumers="pingpong", dact_prefetch=2, epi_n=16, dact_pair_swap=False)
+    keys = [KernelKey(EpilogueSpec("dact", "swiglu"), coop, "bfloat16", "row", "col", "bfloat16")]
+    if not quick:
+        keys.append(KernelKey(EpilogueSpec("dact", "swiglu"), pp, "bfloat16", "row", "col", "bfloat16"))
+    return keys
 
 
 def stream_k_variants(quick: bool = False):
