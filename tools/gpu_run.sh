@@ -44,7 +44,7 @@
 #     configs_swap   the gated dact's pair swap (GemmConfig.dact_pair_swap): its GPU tests (bitwise
 #                    equal to the unswapped dact), then the swiglu dact at the configs_dact shapes,
 #                    the default and cooperative 128x128, each with the swap and without, held
-#                    0.5 s x 4 (~6 min)
+#                    0.5 s x 4 (~4 min: tests 74 s, the bench 146 s on 2026-12-03)
 #     configs_ring   the dact's preact ring at cooperative 128x128: its GPU tests (dpreact in
 #                    place over 3 and 4 slots equals the two-slot ring's bits), then the dact
 #                    (dy @ W2 + dact) with 2, 3 and 4 slots at K = 1024 (the short-K rule's
