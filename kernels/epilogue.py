@@ -116,56 +116,50 @@ class Epilogue:
                 # pingpong dacts (one warp per scheduler in an epilogue) ran 5-9% faster and the
                 # cooperative 128x128 one even (bench configs --only dpost, held, H200,
                 # 2026-12-03; kernels/NOTES.md, "dact").
-                if cutlass.const_expr(pair_swap is None):
-                    pres = []
-                    for j in cutlass.range_constexpr(S // 2):
-                        r, c = tCcT[base + 2 * j]
-                        pres.append(sL4[((0, None), (r, (c - col0) // 2))].load())
-                    dpre = cute.make_rmem_tensor(4, sX.element_type)
-                    for j in cutlass.range_constexpr(S // 2):
-                        r, c = tCcT[base + 2 * j]
-                        k = (c - col0) // 2
-                        pre = pres[j].to(Float32)
-                        for t in cutlass.range_constexpr(2):
-                            g = pre[2 * t]
-                            u = pre[2 * t + 1]
-                            dy = rAcc[2 * j + t]
-                            dg, du = s.act.grad(g, u, m)
-                            rP[2 * j + t] = s.act.fn(g, u, m)
-                            dpre[2 * t] = (dg * dy).to(sX.element_type)
-                            dpre[2 * t + 1] = (du * dy).to(sX.element_type)
-                        sX4[((0, None), (r, k))].store(dpre.load())
-                else:
-                    # Threads whose row has bit row_bit set take pair pair_swap[j] (the column
-                    # group vector_xor vectors over) where the others take pair j: slot j's
-                    # preact is read from, and its dpreact written to, that pair's address, 2
-                    # shared-memory wavefronts per warp access instead of 4
-                    # (PersistentGemmSm90._pair_swap). Only the accumulators going in and the
-                    # postact coming out are swapped, by selects in place (no value waits in an
-                    # extra register). Each thread keeps to its own row and columns, so writing
-                    # dpreact in place stays race-free.
-                    pair_swap, row_bit, vector_xor = pair_swap
+                # With the pair swap (PersistentGemmSm90._pair_swap), threads whose row has bit
+                # row_bit set take pair partner[j] (the column group vector_xor vectors over)
+                # where the others take pair j: slot j's preact is read from, and its dpreact
+                # written to, that pair's address, 2 shared-memory wavefronts per warp access
+                # instead of 4. Only the accumulators going in and the postact coming out are
+                # swapped, by selects in place (no value waits in an extra register). Each thread
+                # keeps to its own row and columns, so writing dpreact in place stays race-free.
+                swapping = pair_swap is not None
+                if cutlass.const_expr(swapping):
+                    partner, row_bit, vector_xor = pair_swap
                     sel = (tCcT[base][0] >> row_bit) & 1
                     odd = sel == 1
                     flip = sel * vector_xor
-                    pres = []
-                    for j in cutlass.range_constexpr(S // 2):
-                        r, c = tCcT[base + 2 * j]
-                        pres.append(sL4[((0, None), (r, ((c - col0) // 2) ^ flip))].load())
-                    dpre = cute.make_rmem_tensor(4, sX.element_type)
-                    for j in cutlass.range_constexpr(S // 2):
-                        r, c = tCcT[base + 2 * j]
-                        pre = pres[j].to(Float32)
-                        q = pair_swap[j]
-                        for t in cutlass.range_constexpr(2):
-                            g = pre[2 * t]
-                            u = pre[2 * t + 1]
+
+                def vector(c):
+                    k = (c - col0) // 2
+                    if cutlass.const_expr(swapping):
+                        k = k ^ flip
+                    return k
+
+                pres = []
+                for j in cutlass.range_constexpr(S // 2):
+                    r, c = tCcT[base + 2 * j]
+                    pres.append(sL4[((0, None), (r, vector(c)))].load())
+                dpre = cute.make_rmem_tensor(4, sX.element_type)
+                for j in cutlass.range_constexpr(S // 2):
+                    r, c = tCcT[base + 2 * j]
+                    pre = pres[j].to(Float32)
+                    for t in cutlass.range_constexpr(2):
+                        g = pre[2 * t]
+                        u = pre[2 * t + 1]
+                        if cutlass.const_expr(swapping):
+                            q = partner[j]
                             dy = cutlass.select_(odd, rAcc[2 * q + t], rAcc[2 * j + t])
-                            dg, du = s.act.grad(g, u, m)
+                        else:
+                            dy = rAcc[2 * j + t]
+                        dg, du = s.act.grad(g, u, m)
+                        p = s.act.fn(g, u, m)
+                        if cutlass.const_expr(swapping):
                             # slot j's postact is pair j's, or pair q's in a swapped row
-                            p = s.act.fn(g, u, m)
                             rP[2 * j + t] = cutlass.select_(odd, rP[2 * j + t], p)
                             rP[2 * q + t] = cutlass.select_(odd, p, rP[2 * q + t])
-                            dpre[2 * t] = (dg * dy).to(sX.element_type)
-                            dpre[2 * t + 1] = (du * dy).to(sX.element_type)
-                        sX4[((0, None), (r, ((c - col0) // 2) ^ flip))].store(dpre.load())
+                        else:
+                            rP[2 * j + t] = p
+                        dpre[2 * t] = (dg * dy).to(sX.element_type)
+                        dpre[2 * t + 1] = (du * dy).to(sX.element_type)
+                    sX4[((0, None), (r, vector(c)))].store(dpre.load())

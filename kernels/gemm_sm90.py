@@ -846,10 +846,9 @@ class PersistentGemmSm90:
             mT = mX if self.epi.gated else mD
             ep.smem[self.dpre], ep.gmem[self.dpre] = self._tma_view(ep.tma[self.dpre], mT, sL, "L")
             ep.tRS_sL = ep.thr_r2s_d.partition_D(sL)
-        ep.pair_swap = None
+        self.epilogue.pair_swap = None
         if cutlass.const_expr(self.epi.kind == "dact" and self.epi.gated and self.dact_pair_swap):
-            ep.pair_swap = self._pair_swap(tiled_mma, ep.r2s_d, copy_order is not None, ep.S)
-        self.epilogue.pair_swap = ep.pair_swap
+            self.epilogue.pair_swap = self._pair_swap(tiled_mma, ep.r2s_d, copy_order is not None, ep.S)
         return ep
 
     def _pair_swap(self, tiled_mma, r2s, copy_ordered: bool, S: int):
