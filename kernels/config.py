@@ -180,6 +180,10 @@ class GemmConfig:
     dact_pair_swap: bool = True
 
     def __post_init__(self):
+        for name in ("l2_prefetch", "stream_k", "dact_pair_swap"):
+            # a string such as "no" would otherwise switch the option on without a word
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r}: must be True or False")
         if self.tile_m not in (64, 128, 192, 256):
             raise ValueError(f"tile_m={self.tile_m}: must be 64, 128, 192 or 256")
         if self.tile_n not in TILE_N_CHOICES:

@@ -36,3 +36,10 @@ def test_selfcheck_compiles_the_unswapped_dact():
         assert off and all(key.epilogue.kind == "dact" and key.epilogue.gated for key in off)
         if not quick:
             assert {key.config.epi_n for key in off} == {16, 32}
+
+
+@pytest.mark.parametrize("field", ["dact_pair_swap", "l2_prefetch", "stream_k"])
+@pytest.mark.parametrize("value", ["no", 0, None])
+def test_switches_take_booleans_only(field, value):
+    with pytest.raises(ValueError, match=rf"{field}=.*must be True or False"):
+        GemmConfig(**{field: value})
