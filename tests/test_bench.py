@@ -352,6 +352,40 @@ def test_weight_grads_read_every_variant_in_our_layout(act):
     assert weight_grads(torch.nn.Linear(2, 2), gated) is None
 
 
+@pytest.mark.parametrize("act", ["swiglu", "gelu_tanh_approx"])
+def test_checkpointed_eager_is_eager_to_the_bit_and_keeps_x_alone(act):
+    """Recompute mode's baseline: EagerMLP under torch.utils.checkpoint gives eager's output and
+    gradients bit for bit (bf16, CPU), and what its forward leaves for backward is x alone: no
+    tensor of the step's hidden width stays alive between forward and backward."""
+    from parallel_mlp.bench.models import (CheckpointedEagerMLP, EagerMLP, fc1_features,
+                                           train_step, weight_grads)
+
+    gated = act == "swiglu"
+    d, h, T = 16, 24, 7
+    w1 = torch.randn(fc1_features(act, h), d).bfloat16()
+    w2 = torch.randn(d, h).bfloat16()
+    x = torch.randn(T, d).bfloat16().requires_grad_(True)
+    dy = torch.randn(T, d).bfloat16()
+    got = []
+    for cls in (EagerMLP, CheckpointedEagerMLP):
+        model = cls(w1.clone(), w2.clone(), act)
+        y = train_step(model, x, dy)
+        got.append((y, x.grad.clone(), *weight_grads(model, gated)))
+    for a, b in zip(*got):
+        assert torch.equal(a, b)
+
+    saved = []
+
+    def pack(t):
+        saved.append(tuple(t.shape))
+        return t
+
+    model = CheckpointedEagerMLP(w1.clone(), w2.clone(), act)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x)
+    assert saved == [(T, d)], saved  # x itself; the replay in backward saves the rest
+
+
 def test_train_step_clears_every_parameters_grad_each_step():
     """train_step clears grads as an optimizer does, over a list made at the first step: a
     second step's gradients are that step's alone, in a nested module too (ParallelMLP's

@@ -93,8 +93,8 @@ def test_the_default_sweep_fits_one_device_call():
     assert args.hold_s == sweep.DEFAULT_HOLD_S and args.rounds == sweep.DEFAULT_ROUNDS
     assert plan["total_s"] < 9 * 60 and plan["total_s"] < args.budget_s + 60
     assert len(plan["per_shape_s"]) == 30 and plan["kernels"] > 30
-    # holds are most of it: 30 shapes x 6 variants x 2 turns (or the same time in short turns)
-    assert plan["parts_s"]["shapes"] > 30 * 6 * 2 * args.hold_s
+    # holds are most of it: 30 shapes x 7 variants x 2 turns (or the same time in short turns)
+    assert plan["parts_s"]["shapes"] > 30 * 7 * 2 * args.hold_s
 
 
 def test_host_bound_steps_take_short_turns_in_the_same_time():
@@ -159,19 +159,23 @@ def test_quick_is_about_two_minutes():
 def test_estimate_prints_the_plan(capsys):
     assert sweep.main(["--estimate", "--quick"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"plan: {len(QUICK)} shapes x 6 variants")
+    assert out.startswith(f"plan: {len(QUICK)} shapes x 7 variants")
     assert "estimate: ~" in out and QUICK[0].label in out
 
 
 def test_variants_follow_the_flags():
     args = sweep.parse_args(["--skip-compile", "--no-quack"])
-    assert sweep.variants(args) == ["eager", "ours", "ours_recompute", "eager_copy"]
-    args = sweep.parse_args(["--skip-compile", "--no-quack", "--no-eager-copy"])
+    assert sweep.variants(args) == ["eager", "ours", "ours_recompute", "eager_recompute",
+                                    "eager_copy"]
+    args = sweep.parse_args(["--skip-compile", "--no-quack", "--no-eager-copy",
+                             "--no-eager-recompute"])
     assert sweep.variants(args) == ["eager", "ours", "ours_recompute"]
     args = sweep.parse_args(["--ceiling", "--graphed", "--torch-backend"])
-    assert sweep.variants(args) == ["eager", "ours", "ours_recompute", "torch_backend",
-                                    "gemm_ceiling", "eager_graphed", "ours_graphed", "compile",
-                                    "quack", "eager_copy"]
+    assert sweep.variants(args) == ["eager", "ours", "ours_recompute", "eager_recompute",
+                                    "torch_backend", "gemm_ceiling", "eager_graphed",
+                                    "ours_graphed", "compile", "quack", "eager_copy"]
+    args = sweep.parse_args(["--ceiling", "--no-eager-recompute"])
+    assert sweep.variants(args)[:4] == ["eager", "ours", "ours_recompute", "gemm_ceiling"]
 
 
 def test_the_summary_states_the_gemm_bound_and_ours_against_it():
@@ -189,9 +193,36 @@ def test_the_summary_states_the_gemm_bound_and_ours_against_it():
     assert "GEMM bound" not in sweep_report.format_sweep({"meta": {}, "rows": rows})
 
 
+def test_the_summary_holds_recompute_against_eager_checkpointed_and_states_memory():
+    """Recompute mode against eager and against eager under torch.utils.checkpoint (the same
+    memory promise), and per pair of modes the shapes where ours' step peak is higher."""
+    def row(label, eager, rec, eager_rec, peaks):
+        names = ("eager", "ours", "ours_recompute", "eager_recompute", "quack")
+        v = {n: {"ms": ms, "peak_over_start_gb": gb / 1024}
+             for n, ms, gb in zip(names, (eager, 1.0, rec, eager_rec, 1.1), peaks)}
+        return {"label": label, "variants": v}
+
+    rows = [row("a", 1.1, 1.2, 1.5, (25.5, 26.5, 26.0, 20.0, 25.0)),
+            row("b", 2.2, 2.4, 2.4, (100.0, 90.0, 40.0, 41.0, 95.0))]
+    text = sweep_report.format_sweep({"meta": {}, "rows": rows})
+    assert "ours recompute vs eager: geomean 0.917x   worst 0.917x (a)" in text
+    assert ("ours recompute vs eager checkpointed (x kept alone, as ours): geomean 1.118x   "
+            "worst 1.000x (b)   best 1.250x (a)   2 shapes") in text
+    assert "step peak, ours vs eager: higher at 1 of 2 shapes: a (26.5 vs 25.5 MiB)" in text
+    assert "step peak, ours vs quack: higher at 1 of 2 shapes: a (26.5 vs 25.0 MiB)" in text
+    assert ("step peak, ours recompute vs eager, checkpointed: higher at 1 of 2 shapes: "
+            "a (26.0 vs 20.0 MiB)") in text
+    assert "step peak, ours recompute vs eager: higher at 1 of 2 shapes" in text
+    # without the checkpointed eager (older results), no line about it
+    for r in rows:
+        del r["variants"]["eager_recompute"]
+    text = sweep_report.format_sweep({"meta": {}, "rows": rows})
+    assert "checkpointed" not in text
+
+
 def test_torch_backend_and_tokens_flags():
     args = sweep.parse_args(["--torch-backend", "--no-quack", "--no-eager-copy",
-                             "--tokens", "2048,512"])
+                             "--no-eager-recompute", "--tokens", "2048,512"])
     assert sweep.variants(args) == ["eager", "ours", "ours_recompute", "torch_backend", "compile"]
     assert {s.tokens for s in sweep.grid(args)} == {512, 2048}
     assert sweep.grid(args) == tuple(s for s in GRID if s.tokens in (512, 2048))
@@ -204,7 +235,7 @@ def test_torch_backend_and_tokens_flags():
 
 def test_graphed_flag_adds_both_graphed_variants_and_their_capture_time():
     args = sweep.parse_args(["--graphed", "--torch-backend", "--no-quack", "--skip-compile",
-                             "--no-eager-copy"])
+                             "--no-eager-copy", "--no-eager-recompute"])
     assert sweep.variants(args) == ["eager", "ours", "ours_recompute", "torch_backend",
                                     "eager_graphed", "ours_graphed"]
     args = sweep.apply_defaults(args)
@@ -544,8 +575,13 @@ def test_dry_run_end_to_end(tmp_path):
         for name in ("ours", "ours_recompute"):  # the torch backend here: eager's function
             for key in sweep.ERR_KEYS:
                 assert v[name][key] < 2e-2, (name, key)
+        # eager under torch.utils.checkpoint replays eager's own ops: the same bits
+        for key in sweep.ERR_KEYS:
+            assert v["eager_recompute"][key] == 0.0, key
+        assert v["ours_recompute"]["speedup_vs_eager_recompute"] > 0
         assert "unavailable" in v["quack"] and row["disagree"] == []
     assert "Summary: ours (default mode)" in proc.stdout
+    assert "ours recompute vs eager checkpointed (x kept alone, as ours): geomean" in proc.stdout
     if importlib.util.find_spec("matplotlib") is None:
         assert "no heat map: matplotlib is not installed" in proc.stderr
     else:

@@ -20,6 +20,7 @@ from .harness import (
     unavailable,
 )
 from .models import (
+    CheckpointedEagerMLP,
     EagerMLP,
     GemmCeiling,
     build_parallel_mlp,
@@ -73,6 +74,8 @@ def mlp_builders(ctx: Ctx, act: str, h: int, w1: torch.Tensor, w2: torch.Tensor)
         "ours_fused": lambda: build_parallel_mlp(w1, w2, act, h, backend="cute"),
         "ours_recompute": lambda: build_parallel_mlp(w1, w2, act, h, backend=ctx.backend,
                                                      recompute=True),
+        # eager at recompute's memory: x kept alone, the forward replayed in backward
+        "eager_recompute": lambda: CheckpointedEagerMLP(chunked_w1(w1, gated), w2.clone(), act),
         "torch_backend": lambda: build_parallel_mlp(w1, w2, act, h, backend="torch"),
         "compile": compiled,
         # cuBLAS's six GEMMs of the step and nothing else: the bound of a fused MLP
@@ -137,7 +140,8 @@ def bench_mlp(ctx: Ctx, act: str, h: int, names, extra: dict | None = None) -> d
 
 
 def finish_mlp_row(row: dict) -> dict:
-    """The ratios: every variant vs eager, and recompute time / default time. torch.compile is
+    """The ratios: every variant vs eager, recompute time / default time, and ours' recompute
+    mode vs eager checkpointed (when timed). torch.compile is
     compared with eager's second run, the one timed interleaved with it, when that has a time."""
     v = row["variants"]
     for name, res in v.items():
@@ -147,6 +151,10 @@ def finish_mlp_row(row: dict) -> dict:
                 base = v["eager_again"]
             res["speedup_vs_eager"] = ratio(base, res)
     row["recompute_ratio"] = ratio(v.get("ours_recompute"), v.get("ours"))
+    if isinstance(v.get("ours_recompute"), dict) and "ms" in v["ours_recompute"]:
+        # recompute mode against eager at the same memory (x kept alone)
+        v["ours_recompute"]["speedup_vs_eager_recompute"] = ratio(v.get("eager_recompute"),
+                                                                   v["ours_recompute"])
     return row
 
 

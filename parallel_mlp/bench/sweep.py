@@ -61,12 +61,14 @@ from .threads import placement
 from .timing import HOLD_QUEUE
 
 # The variants, in the order they are built and timed; eager first, the others' reference.
-VARIANTS = ("eager", "ours", "ours_recompute", "compile", "quack", "eager_copy")
+# eager_recompute: eager under torch.utils.checkpoint, recompute mode's baseline at its memory.
+VARIANTS = ("eager", "ours", "ours_recompute", "eager_recompute", "compile", "quack", "eager_copy")
 # Turns: the single-GPU bench holds 1 s x 3 (timing.DEFAULT_HOLD_S: the card's clock seems to
 # swing with a period near a second; three turns of one kernel held 0.5 s each spread up to 6%,
-# held 1 s 0.6%). 30 shapes x 5 variants at that would take 450 s of holds alone; two turns of
-# 0.8 s fit the whole sweep, compiling included, in one device call of under 9 minutes.
-DEFAULT_HOLD_S = 0.8
+# held 1 s 0.6%). 30 shapes x 7 variants at that would take 630 s of holds alone; two turns of
+# 0.7 s fit the whole sweep, compiling included, in one device call of under 9 minutes (with
+# six variants and --ceiling, 0.8 s turns ran all 30 shapes in 451 s, 2026-12-03).
+DEFAULT_HOLD_S = 0.7
 DEFAULT_ROUNDS = 2
 QUICK_HOLD_S = 0.5       # --quick: shorter turns still, which sample the swing (a few %)
 # Steps whose GPU work is shorter than the host's launching of it (host_bound) take the host's
@@ -133,6 +135,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-eager-copy", action="store_true",
                    help="no second copy of eager (timed beside the first, it shows the timing's "
                         "own spread at each shape)")
+    p.add_argument("--no-eager-recompute", action="store_true",
+                   help="no eager under torch.utils.checkpoint (the baseline of ours' recompute "
+                        "mode at its memory: x kept alone)")
     p.add_argument("--warmup", type=int, default=3, help="untimed calls of each variant first")
     p.add_argument("--iters", type=int, default=10, help="timed calls when --hold-s is 0")
     p.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
@@ -206,14 +211,15 @@ def variants(args: argparse.Namespace) -> list[str]:
     skip = {"compile"} if args.skip_compile else set()
     skip |= {"quack"} if args.no_quack else set()
     skip |= {"eager_copy"} if args.no_eager_copy else set()
+    skip |= {"eager_recompute"} if args.no_eager_recompute else set()
     names = [v for v in VARIANTS if v not in skip]
-    if args.ceiling:
-        names.insert(names.index("ours_recompute") + 1, "gemm_ceiling")
-    if args.torch_backend and args.backend != "torch":  # with --backend torch, ours is it
-        names.insert(names.index("ours_recompute") + 1, "torch_backend")
-    if args.graphed:
-        at = names.index("ours_recompute") + 1 + ("torch_backend" in names) + args.ceiling
-        names[at:at] = ["eager_graphed", "ours_graphed"]
+    # The optional variants go after the recompute pair, in this order. With --backend torch,
+    # ours already is the torch backend.
+    extra = ["torch_backend"] if args.torch_backend and args.backend != "torch" else []
+    extra += ["gemm_ceiling"] if args.ceiling else []
+    extra += ["eager_graphed", "ours_graphed"] if args.graphed else []
+    at = names.index("eager_recompute" if "eager_recompute" in names else "ours_recompute") + 1
+    names[at:at] = extra
     return names
 
 

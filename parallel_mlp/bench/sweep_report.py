@@ -13,6 +13,7 @@ from .threads import describe
 
 VARIANT_NAMES = {"ours": "ours", "ours_fused": "ours, fused kernels",
                  "ours_recompute": "ours recompute", "eager": "eager",
+                 "eager_recompute": "eager, checkpointed",
                  "compile": "torch.compile", "quack": "quack",
                  "torch_backend": "ours, torch backend", "eager_graphed": "eager, CUDA graph",
                  "ours_graphed": "ours, CUDA graph", "eager_copy": "eager, a second copy",
@@ -116,6 +117,7 @@ def summary(results: dict) -> list[str]:
     if rec:
         lines.append(f"  recompute / default time: geomean {geomean(rec):.3f}, "
                      f"{min(rec):.3f} to {max(rec):.3f}")
+    lines += recompute(rows) + memory(rows)
     bad = [f"{r['label']}: {', '.join(r['disagree'])}" for r in rows if r.get("disagree")]
     if bad:
         lines += ["", "Outputs or gradients that disagree with eager's (marked '!'):"] + [f"  {b}" for b in bad]
@@ -154,6 +156,46 @@ def ceiling(rows: list[dict]) -> list[str]:
     pairs = [(x, r["label"]) for r in rows if (x := ours_over(r, "gemm_ceiling")) is not None]
     if pairs:
         lines.append(f"  ours vs the GEMM bound: {_spread(pairs)}")
+    return lines
+
+
+def recompute(rows: list[dict]) -> list[str]:
+    """Ours in recompute mode against eager, and against eager under torch.utils.checkpoint: the
+    same promise (x kept alone for backward), which replays the whole forward."""
+    lines = []
+    for baseline, label in (("eager", "eager"),
+                            ("eager_recompute", "eager checkpointed (x kept alone, as ours)")):
+        pairs = [(x, r["label"]) for r in rows
+                 if (x := ours_over(r, baseline, "ours_recompute")) is not None]
+        if pairs:
+            lines.append(f"  ours recompute vs {label}: {_spread(pairs)}")
+    return lines
+
+
+# Whose step peak each of ours' modes is held against: (ours' variant, baseline).
+MEMORY_PAIRS = (("ours", "eager"), ("ours", "quack"), ("ours_recompute", "eager"),
+                ("ours_recompute", "quack"), ("ours_recompute", "eager_recompute"))
+
+
+def _peak(m) -> float | None:
+    return m.get("peak_over_start_gb") if isinstance(m, dict) else None
+
+
+def memory(rows: list[dict]) -> list[str]:
+    """Per pair of MEMORY_PAIRS, over the shapes where both peaks were read: at how many ours'
+    step peak (above what was allocated before the step) is higher, and by how much there."""
+    lines = []
+    for variant, baseline in MEMORY_PAIRS:
+        pairs = [(r["label"], a, b) for r in rows
+                 if (a := _peak(r.get("variants", {}).get(variant))) is not None
+                 and (b := _peak(r.get("variants", {}).get(baseline))) is not None]
+        if not pairs:
+            continue
+        higher = [f"{label} ({a * 1024:.1f} vs {b * 1024:.1f} MiB)" for label, a, b in pairs
+                  if a > b]
+        lines.append(f"  step peak, {VARIANT_NAMES[variant]} vs {VARIANT_NAMES[baseline]}: "
+                     f"higher at {len(higher)} of {len(pairs)} shapes"
+                     + (": " + ", ".join(higher) if higher else ""))
     return lines
 
 
