@@ -18,7 +18,10 @@ against eager's:
   faster host, 1.29x (0.773 against 0.998 ms, the small step 0.917). Faster than the small step
   in both, so from 425 GFLOP the fused kernels run;
 - not gated: 0.43-0.57x at 6-206 GFLOP, 0.75-0.96x at 629, 0.96-1.00x at 824-825, 0.99-1.02x from
-  3.3 TFLOP: ``MAX_FLOP``. Eager's own non-gated step (one GEMM, one fused activation kernel
+  3.3 TFLOP: ``MAX_FLOP``. With gelu_tanh_approx's math respelled (fewer instructions per
+  element in the fused epilogues), the fused kernels read 0.86x eager at 629 GFLOP and
+  0.99-1.01x at the three steps of 825, and 0.986-1.012x the small step's time there (the
+  sweep of 7eb0e4b, 2026-12-03): a tie, so the threshold stayed. Eager's own non-gated step (one GEMM, one fused activation kernel
   each way) leaves the fused kernels less to win than its gated one (a split, a cat, three
   elementwise kernels).
 
