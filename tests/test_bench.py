@@ -75,6 +75,9 @@ def test_dry_run_end_to_end(tmp_path):
         # ours (the torch backend here) computes the eager module's function
         assert row["variants"]["ours"]["rel_err_y"] < 2e-2
         assert row["variants"]["ours"]["rel_err_dx"] < 2e-2
+        # eager under torch.utils.checkpoint replays eager's ops: its bits
+        assert row["variants"]["eager_recompute"]["rel_err_y"] == 0.0
+        assert positive(row["variants"]["ours_recompute"]["speedup_vs_eager_recompute"])
 
     cold = data["cold_start"]["torch"]
     assert positive(cold["first_fwd_bwd_s"]) and len(cold["runs"]) == 2

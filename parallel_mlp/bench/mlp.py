@@ -1,6 +1,7 @@
 """The ``mlp`` section: the whole MLP fwd+bwd at TP=1, ours (default and recompute modes, and
-ParallelMLP on the torch backend) against a plain PyTorch module, eager and torch.compile, with
-peak memory per variant. ``bench_mlp`` measures one shape's variants and is shared with the sweep.
+ParallelMLP on the torch backend) against a plain PyTorch module, eager, under
+torch.utils.checkpoint (recompute mode's baseline) and torch.compile, with peak memory per
+variant. ``bench_mlp`` measures one shape's variants and is shared with the sweep.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from .models import (
 COMPILE_RESERVE_S = 60.0
 
 # Measured in the MLP section; torch.compile comes last, in a section of its own.
-MLP_VARIANTS = ("eager", "ours", "ours_recompute", "torch_backend")
+MLP_VARIANTS = ("eager", "ours", "ours_recompute", "eager_recompute", "torch_backend")
 
 
 def mlp_builders(ctx: Ctx, act: str, h: int, w1: torch.Tensor, w2: torch.Tensor) -> dict:

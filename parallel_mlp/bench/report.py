@@ -218,6 +218,7 @@ def _fused_lines(results: dict, notes: Notes) -> list[str]:
 
 
 MLP_VARIANT_NAMES = {"ours": "ours", "ours_recompute": "ours recompute",
+                     "eager_recompute": "eager checkpointed",
                      "torch_backend": "ParallelMLP torch", "eager": "eager",
                      "compile": "torch.compile", "eager_again": "eager (again)",
                      "setup": "setup"}
@@ -237,6 +238,8 @@ def _mlp_lines(results: dict, notes: Notes) -> list[str]:
                 s = _status(targets, "recompute <= 1.23x default time", r["config"])
                 flags = f"recompute/default {num(r.get('recompute_ratio'))}" + \
                     (f" (<=1.23 {s})" if s else "")
+                if isinstance(m, dict) and m.get("speedup_vs_eager_recompute"):
+                    flags += f"; x eager checkpointed {num(m['speedup_vs_eager_recompute'])}"
             errs = "-"
             if isinstance(m, dict) and "rel_err_y" in m:
                 errs = f"{num(m['rel_err_y'], 2)}/{num(m['rel_err_dx'], 2)}"
@@ -379,7 +382,7 @@ def _bars(ax, items, goal, title):
 
 def _mlp_panel(ax, results):
     rows = results.get("mlp", [])
-    names = ["ours", "ours_recompute", "torch_backend", "eager", "compile"]
+    names = ["ours", "ours_recompute", "torch_backend", "eager", "eager_recompute", "compile"]
     width = 0.8 / len(names)
     for j, name in enumerate(names):
         values = []
