@@ -243,20 +243,28 @@ def format_sweep(results: dict) -> str:
 # ---- heat maps --------------------------------------------------------------------------------
 
 
-def heat_cells(results: dict, activation: str, baseline: str) -> dict[tuple, tuple[float, int]]:
-    """(T, d) -> (the worst of ours' ratios to ``baseline`` over the shapes there, how many):
-    several TP shards can share a cell, and the worst is the one to look at."""
+# The heat maps' rows: (baseline, ours' variant, panel title's lead). The recompute row is drawn
+# when the results have the checkpointed eager.
+HEAT_PANELS = (("eager", "ours", "eager time / ours"), ("quack", "ours", "quack time / ours"),
+               ("eager_recompute", "ours_recompute", "eager checkpointed / ours recompute"))
+
+
+def heat_cells(results: dict, activation: str, baseline: str,
+               variant: str = "ours") -> dict[tuple, tuple[float, int]]:
+    """(T, d) -> (the worst of ``variant``'s ratios to ``baseline`` over the shapes there, how
+    many): several TP shards can share a cell, and the worst is the one to look at."""
     cells: dict[tuple[int, int], list[float]] = {}
     for r in results.get("rows", []):
-        x = ours_over(r, baseline) if r.get("act") == activation else None
+        x = ours_over(r, baseline, variant) if r.get("act") == activation else None
         if x is not None:
             cells.setdefault((r["tokens"], r["d"]), []).append(x)
     return {key: (min(xs), len(xs)) for key, xs in cells.items()}
 
 
 def write_heatmap(results: dict, path: str) -> str:
-    """One panel per (baseline, activation): ours / eager and ours / quack over (T, d), coloured
-    about 1 (green: ours faster). Returns a line to log."""
+    """One panel per (baseline, activation): eager / ours and quack / ours over (T, d), and eager
+    checkpointed / ours recompute where the results have it, coloured about 1 (green: ours
+    faster). Returns a line to log."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -269,17 +277,19 @@ def write_heatmap(results: dict, path: str) -> str:
         acts = list(dict.fromkeys(r["act"] for r in rows))
         tokens = sorted({r["tokens"] for r in rows})
         widths = sorted({r["d"] for r in rows})
-        baselines = [(name, label) for name, _, label in BASELINES if name != "compile"]
+        baselines = [(base, variant, lead) for base, variant, lead in HEAT_PANELS
+                     if base != "eager_recompute"
+                     or any(base in r.get("variants", {}) for r in rows)]
         if not (acts and tokens and widths):
             return "no heat map: no rows"
         fig, axes = plt.subplots(len(baselines), len(acts), squeeze=False, layout="constrained",
                                  figsize=(4.2 * len(acts) + 1.5, 3.6 * len(baselines) + 0.5))
         norm = TwoSlopeNorm(vmin=0.7, vcenter=1.0, vmax=1.3)
         quack_reason = (results.get("meta", {}).get("quack") or {}).get("unavailable")
-        for i, (name, label) in enumerate(baselines):
+        for i, (name, variant, lead) in enumerate(baselines):
             for j, act in enumerate(acts):
                 ax = axes[i][j]
-                cells = heat_cells(results, act, name)
+                cells = heat_cells(results, act, name, variant)
                 grid = [[math.nan] * len(widths) for _ in tokens]
                 for (t, d), (x, n) in cells.items():
                     grid[tokens.index(t)][widths.index(d)] = x
@@ -293,15 +303,16 @@ def write_heatmap(results: dict, path: str) -> str:
                     ax.set_xlabel("d (model width)")
                 if j == 0:
                     ax.set_ylabel("T (tokens per rank)")
-                ax.set_title(f"{label} time / ours, {act}", fontsize=9)
+                ax.set_title(f"{lead}, {act}", fontsize=9)
                 if not cells and name == "quack" and quack_reason:
                     text = "quack not measured:\n" + textwrap.fill(quack_reason[:120], 40)
                     ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center",
                             fontsize=7)
         fig.colorbar(image, ax=axes, shrink=0.8, label="> 1: ours faster (worst shard per cell)")
         meta = results.get("meta", {})
+        # "ours" is the default mode; the panels' titles name recompute mode where they show it
         fig.suptitle(f"parallel_mlp.bench sweep - {meta.get('device')} - {meta.get('dtype')} "
-                     f"fwd+bwd, ours default mode")
+                     f"fwd+bwd")
         return save_figure(fig, path)
     except Exception as e:  # noqa: BLE001 - a chart never costs the numbers
         return f"no heat map: {type(e).__name__}: {e}"
