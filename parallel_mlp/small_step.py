@@ -21,9 +21,9 @@ against eager's:
   3.3 TFLOP: ``MAX_FLOP``. With gelu_tanh_approx's math respelled (fewer instructions per
   element in the fused epilogues), the fused kernels read 0.86x eager at 629 GFLOP and
   0.99-1.01x at the three steps of 825, and 0.986-1.012x the small step's time there (the
-  sweep of 7eb0e4b, 2026-12-03): a tie, so the threshold stayed. Eager's own non-gated step (one GEMM, one fused activation kernel
-  each way) leaves the fused kernels less to win than its gated one (a split, a cat, three
-  elementwise kernels).
+  sweep of 7eb0e4b, 2026-12-03): a tie, so the threshold stayed. Eager's own non-gated step
+  (one GEMM, one fused activation kernel each way) leaves the fused kernels less to win than
+  its gated one (a split, a cat, three elementwise kernels).
 
 Only where nothing else is asked of the fused path: one rank (no collective to run or hide),
 default memory mode (``recompute=True`` promises to keep x alone), no fused gradient
