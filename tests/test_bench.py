@@ -43,6 +43,8 @@ def test_dry_run_end_to_end(tmp_path):
         cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "\nTargets\n" in proc.stdout  # the summary comes last
+    # recompute mode's row names its ratio to eager checkpointed, whose own row is in the table
+    assert "; x eager checkpointed " in proc.stdout and "eager checkpointed" in proc.stdout
     data = json.loads(out.read_text())
 
     assert {"meta", "ceiling", "gemms", "fused", "mlp", "cold_start", "targets"} <= data.keys()
