@@ -4,6 +4,7 @@ call, agreement with a reference, peak memory)."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 import weakref
 
@@ -251,36 +252,57 @@ def step_peak_memory(ctx: Ctx, model: nn.Module, xs, dys, held_by_others: int = 
     counter. ``held_by_others``: bytes of other variants' models that are alive meanwhile (built
     for the interleaved timing), left out so that peak_mem_gb is what this variant needs alone.
 
-    The caching allocator's free blocks are emptied first and refilled by one untimed step of
-    this model: a block it does not split counts whole (an 11 MiB weight gradient in a fresh
-    12 MiB segment counts 12; carved from a larger free block, 11), so the free blocks that the
-    variants measured before left behind would otherwise move a peak by a MiB or two with the
-    order of the variants. So each variant's peak is that of its own steady state."""
+    The steps allocate from a private pool of the caching allocator made for this pass
+    (:func:`own_allocator_pool`), refilled by one untimed step first, so each variant's peak is
+    that of its own steady state, as in a process of its own. The allocator counts a block it
+    does not split whole (an 11 MiB weight gradient carved from a 12 MiB free block counts 12),
+    so from the shared pool, whose free blocks are what the variants measured before left in
+    segments still partly held by their weights, the peak moved with the order of the variants:
+    at T=512 d=1024 swiglu (every variant asking for 25.0 MiB) eager read 25.5 MiB and a second
+    copy of eager 28.0 in the same run (H200, 2026-12-03, `bench sweep`)."""
     if not ctx.cuda:
         return {}
     clear_grads(model, xs)
     ctx.sync()
     torch.cuda.empty_cache()
-    train_step(model, xs[0], dys[0])
-    clear_grads(model, xs)
-    ctx.sync()
-    torch.cuda.reset_peak_memory_stats(ctx.device)
-    before = torch.cuda.memory_allocated(ctx.device)
-    requested_before = _requested_bytes(ctx.device, "current")
-    for i in range(steps):
-        train_step(model, xs[i % len(xs)], dys[i % len(dys)])
-    ctx.sync()
-    peak = torch.cuda.max_memory_allocated(ctx.device)
+    with own_allocator_pool(ctx.device):
+        train_step(model, xs[0], dys[0])
+        clear_grads(model, xs)
+        ctx.sync()
+        torch.cuda.reset_peak_memory_stats(ctx.device)
+        before = torch.cuda.memory_allocated(ctx.device)
+        requested_before = _requested_bytes(ctx.device, "current")
+        for i in range(steps):
+            train_step(model, xs[i % len(xs)], dys[i % len(dys)])
+        ctx.sync()
+        peak = torch.cuda.max_memory_allocated(ctx.device)
+        requested_peak = _requested_bytes(ctx.device, "peak")
+        clear_grads(model, xs)
+    torch.cuda.empty_cache()
     out = {"peak_mem_gb": (peak - held_by_others) / 2 ** 30,
            "peak_over_start_gb": (peak - before) / 2 ** 30}
-    requested_peak = _requested_bytes(ctx.device, "peak")
     if requested_peak is not None and requested_before is not None:
         # What the tensors asked for, before the caching allocator rounds each block up (a
         # block it does not split counts whole): tells a layout of allocations from the
         # allocator's granularity when two variants' peaks differ by a MiB or two.
         out["requested_peak_over_start_gb"] = (requested_peak - requested_before) / 2 ** 30
-    clear_grads(model, xs)
     return out
+
+
+@contextlib.contextmanager
+def own_allocator_pool(device):
+    """Route the caching allocator's allocations, forward's and backward's, to a fresh private
+    pool for the length of the context; the pool is given back after it. Backward runs on the
+    calling thread meanwhile (autograd's device threads off), since a pool takes the
+    allocations of the thread that entered it only; the allocations, and their order, are the
+    same on either thread. Allocations made inside must be freed before the context ends."""
+    pool = torch.cuda.MemPool()
+    try:
+        with torch.autograd.set_multithreading_enabled(False), \
+                torch.cuda.use_mem_pool(pool, device):
+            yield
+    finally:
+        del pool
 
 
 def _requested_bytes(device, which: str) -> int | None:
