@@ -476,7 +476,7 @@ def _fragment_the_shared_pool():
     """Leave the caching allocator's shared pool with free blocks of odd sizes in segments that
     stay partly held, as the variants measured before another leave it; returns what holds
     them."""
-    blocks = [torch.empty(mib * 2 ** 20 // 2, dtype=torch.bfloat16, device="cuda")
+    blocks = [torch.empty(int(mib * 2 ** 20) // 2, dtype=torch.bfloat16, device="cuda")
               for mib in (3.5, 1.25, 6.75, 2.5, 11.5, 0.75, 5.25, 2.75, 13.0, 1.5)]
     return blocks[::2]  # the others are freed into the pool, between held neighbours
 

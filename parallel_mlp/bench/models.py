@@ -296,10 +296,12 @@ def own_allocator_pool(device):
     calling thread meanwhile (autograd's device threads off), since a pool takes the
     allocations of the thread that entered it only; the allocations, and their order, are the
     same on either thread. Allocations made inside must be freed before the context ends."""
+    device = torch.device(device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
     pool = torch.cuda.MemPool()
     try:
         with torch.autograd.set_multithreading_enabled(False), \
-                torch.cuda.use_mem_pool(pool, device):
+                torch.cuda.use_mem_pool(pool, index):
             yield
     finally:
         del pool
