@@ -219,21 +219,26 @@ def _launch_args(tensors, stream_handle: int):
     None, in order, then the CUstream handle, packed into this thread's buffer for that many
     arguments. Keep the second item alive until the call returns; the next launch on this thread
     reuses the buffer, so read the addresses before it."""
-    present = [t for t in tensors if t is not None]  # None arguments are compile-time absent
-    buf, addresses = _arg_buffer(len(present) + 1)
-    offset = 0
-    for t in present:
+    # None arguments are compile-time absent
+    buf, addresses = _arg_buffer(1 + sum(t is not None for t in tensors))
+    _pack_tensors(buf, 0, tensors, stream_handle)
+    return addresses, buf
+
+
+def _pack_tensors(buf, offset: int, tensors, stream_handle: int) -> None:
+    """Pack the tensors that are not None from ``offset`` on, one slot each, then the stream."""
+    for t in tensors:
+        if t is None:
+            continue
         if t.dim() == 1:
-            _VECTOR.pack_into(buf, offset, t.data_ptr(), t.size(0))
+            _VECTOR.pack_into(buf, offset, t.data_ptr(), t.shape[0])
         else:
-            rows, cols = t.shape
-            s0, s1 = t.stride()
+            (rows, cols), (s0, s1) = t.shape, t.stride()
             # the leading (non-unit) stride of the major _major(t) names, as _to_cute marks it
-            ld = s0 if _row_major(rows, cols, s0, s1) else s1
-            _MATRIX.pack_into(buf, offset, t.data_ptr(), rows, cols, ld)
+            _MATRIX.pack_into(buf, offset, t.data_ptr(), rows, cols,
+                              s0 if _row_major(rows, cols, s0, s1) else s1)
         offset += _SLOT
     _POINTER.pack_into(buf, offset, stream_handle)
-    return addresses, buf
 
 
 def _tile_counter(device: torch.device) -> torch.Tensor:
@@ -367,33 +372,44 @@ _MAX_PLANS = 4096
 _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
 
 
-def _launch(spec: EpilogueSpec, a, bk, d=None, post=None, prein=None, dpre=None, bias=None, *, d_dtype, config=None, tuned=False, whole_rows=None):
-    """Run the kernel D/epilogue(a @ bk.T) with bk the (N, K) view of b."""
+def _launch(spec: EpilogueSpec, a, b, d=None, post=None, prein=None, dpre=None, bias=None, *, d_dtype, config=None, tuned=False, whole_rows=None):
+    """Run the kernel D/epilogue(a @ b) with b [K, N] (the kernel reads it as bk = b.T, [N, K]).
+
+    A launch of a plan seen before reads each operand's shape and strides once and packs bk's
+    struct from b's (its sizes and strides swapped), so no transposed view is made: a view costs
+    ~2 us of host time, a share of a host-bound step's six launches."""
     index = a.device.index
+    (m, k), (a_s0, a_s1) = a.shape, a.stride()
+    n, (b_s0, b_s1) = b.shape[1], b.stride()
+    a_row = _row_major(m, k, a_s0, a_s1)
+    bk_row = _row_major(n, k, b_s1, b_s0)
     if config is None and not tuned and _config_rewrite is None:
-        plan_key = (spec, a.shape[0], bk.shape[0], a.shape[1], a.dtype, _major(a), _major(bk),
-                    d_dtype, None if bias is None else bias.dtype, index, whole_rows)
+        plan_key = (spec, m, n, k, a.dtype, a_row, bk_row, d_dtype,
+                    None if bias is None else bias.dtype, index, whole_rows)
         plan = _plans.get(plan_key)
         if plan is None:
-            plan = _plan(spec, a, bk, d_dtype, bias, None, False, whole_rows)
+            plan = _plan(spec, a, b.t(), d_dtype, bias, None, False, whole_rows)
             if len(_plans) >= _MAX_PLANS:
                 _plans.clear()
             _plans[plan_key] = plan
         cfg, fn = plan
     else:
-        cfg, fn = _plan(spec, a, bk, d_dtype, bias, config, tuned, whole_rows)
+        cfg, fn = _plan(spec, a, b.t(), d_dtype, bias, config, tuned, whole_rows)
     counter = None
     if cfg.scheduler == "dynamic":
         counter = _tile_counter(a.device)
     elif cfg.stream_k:
-        counter = _stream_k_workspace(a.shape[0], bk.shape[0], a.shape[1], cfg, a.device)
-    args, keep = _launch_args((a, bk, d, post, prein, dpre, bias, counter), _stream_handle(index))
+        counter = _stream_k_workspace(m, n, k, cfg, a.device)
+    buf, args = _arg_buffer(3 + sum(t is not None for t in (d, post, prein, dpre, bias, counter)))
+    _MATRIX.pack_into(buf, 0, a.data_ptr(), m, k, a_s0 if a_row else a_s1)
+    _MATRIX.pack_into(buf, _SLOT, b.data_ptr(), n, k, b_s1 if bk_row else b_s0)
+    _pack_tensors(buf, 2 * _SLOT, (d, post, prein, dpre, bias, counter), _stream_handle(index))
     if _current_device() == index:
         fn.run_compiled_program(args)
     else:  # the launch goes to the current device's context
         with torch.cuda.device(index):
             fn.run_compiled_program(args)
-    del keep
+    del buf
 
 
 # One EpilogueSpec per variant, made once: a spec is built and validated on every launch otherwise.
@@ -415,7 +431,7 @@ def _storable(m: int, n: int, dtype: torch.dtype, device) -> torch.Tensor:
     multiples, else a view of rows padded to one. (Launched on unpadded rows, N=700 in bf16:
     1400 bytes, stream-K and whole tiles alike stored wrong sums; H200, 2026-12-02, 300 x 700 x
     40000 and 100 x 300 x 40000.)"""
-    if _aligned((n, dtype.itemsize)):
+    if (n * dtype.itemsize) % 16 == 0:  # _aligned's rule, without its generator
         return torch.empty(m, n, dtype=dtype, device=device)
     per = 16 // dtype.itemsize
     return torch.empty(m, -(-n // per) * per, dtype=dtype, device=device)[:, :n]
@@ -457,7 +473,15 @@ def gemm(a, b, out=None, out_dtype=None, accumulate=False, *, config: Optional[G
         raise ValueError("accumulate=True needs out=")
     fresh = out is None
     if fresh:
-        out = _storable(m, n, out_dtype or a.dtype, a.device)
+        dtype = out_dtype or a.dtype
+        if m and n and k and (n * dtype.itemsize) % 16 == 0:
+            # The common case, straight to the launch: a fresh row-major output whose rows TMA
+            # can store (what the checks below would find, in a fraction of their host time).
+            out = torch.empty(m, n, dtype=dtype, device=a.device)
+            _launch(_spec("store"), a, b, d=out, d_dtype=dtype, config=config, tuned=tuned,
+                    whole_rows=whole_rows)
+            return out
+        out = _storable(m, n, dtype, a.device)
         if not out.is_contiguous():  # rows padded for TMA: computed there, handed back contiguous
             return gemm(a, b, out=out, config=config, tuned=tuned, whole_rows=whole_rows,
                         checked=True).contiguous()
@@ -482,11 +506,11 @@ def gemm(a, b, out=None, out_dtype=None, accumulate=False, *, config: Optional[G
         return out
     spec = _spec("accumulate" if accumulate else "store")
     if _major(out) == "row":
-        _launch(spec, a, b.t(), d=out, d_dtype=out.dtype, config=config, tuned=tuned, whole_rows=whole_rows)
+        _launch(spec, a, b, d=out, d_dtype=out.dtype, config=config, tuned=tuned, whole_rows=whole_rows)
     else:
         # Column-major out: out.T = b.T @ a.T is a row-major problem with the operands swapped
         # (its rows are b's columns, so a block of a's rows says nothing about them).
-        _launch(spec, b.t(), a, d=out.t(), d_dtype=out.dtype, config=config, tuned=tuned)
+        _launch(spec, b.t(), a.t(), d=out.t(), d_dtype=out.dtype, config=config, tuned=tuned)
     return out
 
 
@@ -505,6 +529,17 @@ def gemm_act(a, b, activation, bias=None, store_preact=True, *, config: Optional
     if bias is not None and bias.stride(0) != 1:
         bias = bias.contiguous()  # the epilogue indexes bias with unit stride
     post_n = n // 2 if act.gated else n
+    es = a.element_size()
+    if (out_preact is None and out_postact is None and m and n and k
+            and (n * es) % 16 == 0 and (post_n * es) % 16 == 0):
+        # The common case, straight to the launch: fresh outputs whose rows TMA can store (what
+        # the paths below would make, in a fraction of their host time).
+        preact = torch.empty(m, n, dtype=a.dtype, device=a.device) if store_preact else None
+        postact = torch.empty(m, post_n, dtype=a.dtype, device=a.device)
+        _launch(_spec("act", act.name, bias is not None, store_preact), a, b, d=preact,
+                post=postact, bias=bias, d_dtype=a.dtype, config=config, tuned=tuned,
+                whole_rows=whole_rows)
+        return preact, postact
     # The caller's buffers are checked before anything runs; rows made here are padded where TMA
     # needs it (a gated N that is not a multiple of 16, say), as gemm's are, so the kernel runs
     # at every shape: preact then has the bits a plain gemm of the same shape gives, which
@@ -538,7 +573,7 @@ def gemm_act(a, b, activation, bias=None, store_preact=True, *, config: Optional
     if made_post:
         postact = _storable(m, post_n, a.dtype, a.device)
     spec = _spec("act", act.name, bias is not None, store_preact)
-    _launch(spec, a, b.t(), d=preact, post=postact, bias=bias, d_dtype=a.dtype, config=config, tuned=tuned,
+    _launch(spec, a, b, d=preact, post=postact, bias=bias, d_dtype=a.dtype, config=config, tuned=tuned,
             whole_rows=whole_rows)
     if made_pre and not preact.is_contiguous():
         preact = preact.contiguous()
@@ -558,10 +593,25 @@ def gemm_dact(a, b, preact, activation, *, config: Optional[GemmConfig] = None, 
         raise ValueError(f"preact is {tuple(preact.shape)}, expected {(m, width)} for {act.name}")
     if preact.dtype != a.dtype:
         raise ValueError(f"preact has dtype {preact.dtype}, a has {a.dtype}")
-    if preact.stride(1) != 1:
-        preact = preact.contiguous()  # the epilogue reads preact row-major
     if not checked:
         _check(a, b)
+    es = a.element_size()
+    if (out_dpreact is None and out_postact is None and m and n and k
+            and (width * es) % 16 == 0 and (n * es) % 16 == 0
+            and preact.stride() == (width, 1) and preact.data_ptr() % 16 == 0
+            and preact.device == a.device):
+        # The common case, straight to the launch: a contiguous, aligned preact on a's device
+        # (what _tensor_reason would pass) and fresh outputs whose rows TMA can store.
+        dpreact = torch.empty(m, width, dtype=a.dtype, device=a.device)
+        postact = torch.empty(m, n, dtype=a.dtype, device=a.device)
+        kw = dict(d_dtype=a.dtype, config=config, tuned=tuned, whole_rows=whole_rows)
+        if act.gated:
+            _launch(_spec("dact", act.name), a, b, post=postact, prein=preact, dpre=dpreact, **kw)
+        else:
+            _launch(_spec("dact", act.name), a, b, d=dpreact, post=postact, prein=preact, **kw)
+        return dpreact, postact
+    if preact.stride(1) != 1:
+        preact = preact.contiguous()  # the epilogue reads preact row-major
     dpreact = _output(out_dpreact, (m, width), a, "out_dpreact")
     postact = _output(out_postact, (m, n), a, "out_postact")
     if m == 0 or n == 0:
@@ -582,7 +632,7 @@ def gemm_dact(a, b, preact, activation, *, config: Optional[GemmConfig] = None, 
     spec = _spec("dact", act.name)
     kw = dict(d_dtype=a.dtype, config=config, tuned=tuned, whole_rows=whole_rows)
     if act.gated:
-        _launch(spec, a, b.t(), post=postact, prein=preact, dpre=dpreact, **kw)
+        _launch(spec, a, b, post=postact, prein=preact, dpre=dpreact, **kw)
     else:
-        _launch(spec, a, b.t(), d=dpreact, post=postact, prein=preact, **kw)
+        _launch(spec, a, b, d=dpreact, post=postact, prein=preact, **kw)
     return dpreact, postact

@@ -39,7 +39,7 @@ def test_stream_k_grid_larger_than_the_gpu_is_refused(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     a = torch.empty(256, 512, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="config.num_sms=132 with stream_k=True on a GPU with 114 SMs"):
-        ops._launch(EpilogueSpec("store"), a, a, d_dtype=torch.bfloat16, config=GemmConfig(stream_k=True))
+        ops._launch(EpilogueSpec("store"), a, a.t(), d_dtype=torch.bfloat16, config=GemmConfig(stream_k=True))
 
 
 def test_a_launch_of_a_shape_seen_before_reuses_its_plan(monkeypatch):
@@ -68,14 +68,14 @@ def test_a_launch_of_a_shape_seen_before_reuses_its_plan(monkeypatch):
     spec = EpilogueSpec("store")
     a, b, a2 = (torch.empty(256, 512, dtype=torch.bfloat16) for _ in range(3))
     d, d2 = (torch.empty(256, 256, dtype=torch.bfloat16) for _ in range(2))
-    ops._launch(spec, a, b[:256], d=d, d_dtype=torch.bfloat16)
-    ops._launch(spec, a2, b[:256], d=d2, d_dtype=torch.bfloat16)
+    ops._launch(spec, a, b[:256].t(), d=d, d_dtype=torch.bfloat16)
+    ops._launch(spec, a2, b[:256].t(), d=d2, d_dtype=torch.bfloat16)
     assert len(lookups) == 1 and len(launches) == 2
     assert launches == [a.data_ptr(), a2.data_ptr()]
-    ops._launch(spec, a[:128], b[:256], d=d[:128], d_dtype=torch.bfloat16)  # another M: a new plan
+    ops._launch(spec, a[:128], b[:256].t(), d=d[:128], d_dtype=torch.bfloat16)  # another M: a new plan
     assert len(lookups) == 2
-    ops._launch(spec, a, b[:256], d=d, d_dtype=torch.bfloat16, config=GemmConfig(128, 128))
-    ops._launch(spec, a, b[:256], d=d, d_dtype=torch.bfloat16, config=GemmConfig(128, 128))
+    ops._launch(spec, a, b[:256].t(), d=d, d_dtype=torch.bfloat16, config=GemmConfig(128, 128))
+    ops._launch(spec, a, b[:256].t(), d=d, d_dtype=torch.bfloat16, config=GemmConfig(128, 128))
     assert len(lookups) == 4 and lookups[-1].config == GemmConfig(128, 128)
 
 
@@ -106,12 +106,12 @@ def test_a_config_rewrite_reaches_launches_whose_plan_is_cached(monkeypatch):
     spec = EpilogueSpec("store")
     a, b = torch.empty(256, 512, dtype=torch.bfloat16), torch.empty(256, 512, dtype=torch.bfloat16)
     d = torch.empty(256, 256, dtype=torch.bfloat16)
-    ops._launch(spec, a, b, d=d, d_dtype=torch.bfloat16)  # the rule's plan, now cached
+    ops._launch(spec, a, b.t(), d=d, d_dtype=torch.bfloat16)  # the rule's plan, now cached
     rule = launched[-1]
     with ops.rewriting_configs(lambda cfg: dataclasses.replace(cfg, tile_n=192)):
-        ops._launch(spec, a, b, d=d, d_dtype=torch.bfloat16)
+        ops._launch(spec, a, b.t(), d=d, d_dtype=torch.bfloat16)
     assert launched[-1] == dataclasses.replace(rule, tile_n=192) != rule
-    ops._launch(spec, a, b, d=d, d_dtype=torch.bfloat16)
+    ops._launch(spec, a, b.t(), d=d, d_dtype=torch.bfloat16)
     assert launched[-1] == rule
 
 
@@ -238,3 +238,68 @@ def test_gemm_act_checks_its_buffers_before_anything_runs(monkeypatch):
         ops.gemm_act(a, b, "swiglu", out_postact=torch.empty(100, 32, dtype=torch.bfloat16), checked=True)
     with pytest.raises(ValueError, match=r"out_preact is \(100, 16\).*expected \(100, 32\)"):
         ops.gemm_act(a, b, "swiglu", out_preact=torch.empty(100, 16, dtype=torch.bfloat16), checked=True)
+
+
+def _argument_bytes(addresses, tensors):
+    """The bytes of each packed argument: a matrix's 24, a vector's 12, the stream's 8."""
+    import ctypes
+
+    sizes = [24 if t.dim() == 2 else 12 for t in tensors if t is not None] + [8]
+    return [ctypes.string_at(x, n) for x, n in zip(addresses, sizes)]
+
+
+@pytest.mark.parametrize("a_layout,b_layout", [("row", "row"), ("row", "col"), ("col", "row"),
+                                               ("col", "col"), ("one row", "row"),
+                                               ("row", "one column")])
+@pytest.mark.parametrize("epilogue", ["store", "act with bias", "gated dact"])
+def test_a_launch_packs_b_as_the_kernels_transposed_view(a_layout, b_layout, epilogue, monkeypatch):
+    """_launch takes b as [K, N] and packs the struct of bk = b.T from b's own sizes and strides,
+    without making the view: the bytes must be those _launch_args packs from the view itself
+    (the layout the DSL's adapters are checked against in test_launch_args), for row- and
+    column-major operands, a single row or column, and each epilogue's argument list; and the
+    plan is the one the view would have keyed."""
+    from parallel_mlp.kernels import compile as kcompile
+    from parallel_mlp.kernels.epilogue_spec import EpilogueSpec
+
+    m, k, n = (1 if a_layout == "one row" else 48), 64, (1 if b_layout == "one column" else 80)
+
+    def matrix(rows, cols, layout):
+        return torch.randn(cols, rows).t() if layout == "col" else torch.randn(rows, cols)
+
+    a = matrix(m, k, a_layout).bfloat16()
+    b = matrix(k, n, b_layout).bfloat16()
+    out = torch.empty(m, n, dtype=torch.bfloat16)
+    extra = {"store": dict(d=out),
+             "act with bias": dict(d=out, post=torch.empty(m, n, dtype=torch.bfloat16),
+                                   bias=torch.randn(n).bfloat16()),
+             "gated dact": dict(post=out, prein=torch.empty(m, 2 * n, dtype=torch.bfloat16),
+                                dpre=torch.empty(m, 2 * n, dtype=torch.bfloat16))}[epilogue]
+    spec = {"store": EpilogueSpec("store"), "act with bias": EpilogueSpec("act", "gelu_tanh_approx", True),
+            "gated dact": EpilogueSpec("dact", "swiglu")}[epilogue]
+    packed, keys = [], []
+
+    class Kernel:
+        def run_compiled_program(self, args):
+            tensors = (a, b.t(), extra.get("d"), extra.get("post"), extra.get("prein"),
+                       extra.get("dpre"), extra.get("bias"))
+            packed.append(_argument_bytes(args, tensors))
+
+    def get_kernel(key, use_disk=True):
+        keys.append(key)
+        return Kernel()
+
+    monkeypatch.setattr(kcompile, "get_kernel", get_kernel)
+    monkeypatch.setattr(ops, "_plans", {})
+    monkeypatch.setattr(ops, "_stream_handle", lambda index: 0x1234)
+    monkeypatch.setattr(ops, "_current_device", lambda: None)
+    monkeypatch.setattr(ops, "_num_sms", lambda index: 132)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    ops._launch(spec, a, b, d_dtype=torch.bfloat16, **extra)
+    ops._launch(spec, a, b, d_dtype=torch.bfloat16, **extra)  # from the plan cache
+    view_args, keep = ops._launch_args((a, b.t(), extra.get("d"), extra.get("post"), extra.get("prein"),
+                                        extra.get("dpre"), extra.get("bias")), 0x1234)
+    expected = _argument_bytes(view_args, (a, b.t(), extra.get("d"), extra.get("post"),
+                                           extra.get("prein"), extra.get("dpre"), extra.get("bias")))
+    assert packed == [expected, expected]
+    assert len(keys) == 1
+    assert (keys[0].a_major, keys[0].b_major) == (ops._major(a), ops._major(b.t()))
