@@ -400,7 +400,8 @@ def _launch(spec: EpilogueSpec, a, b, d=None, post=None, prein=None, dpre=None, 
         counter = _tile_counter(a.device)
     elif cfg.stream_k:
         counter = _stream_k_workspace(m, n, k, cfg, a.device)
-    buf, args = _arg_buffer(3 + sum(t is not None for t in (d, post, prein, dpre, bias, counter)))
+    buf, args = _arg_buffer(3 + (d is not None) + (post is not None) + (prein is not None)
+                            + (dpre is not None) + (bias is not None) + (counter is not None))
     _MATRIX.pack_into(buf, 0, a.data_ptr(), m, k, a_s0 if a_row else a_s1)
     _MATRIX.pack_into(buf, _SLOT, b.data_ptr(), n, k, b_s1 if bk_row else b_s0)
     _pack_tensors(buf, 2 * _SLOT, (d, post, prein, dpre, bias, counter), _stream_handle(index))

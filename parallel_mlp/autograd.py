@@ -54,10 +54,10 @@ def _not_differentiable(backward):
 
     @functools.wraps(backward)
     def wrapper(ctx, *grads):
+        if not torch.is_grad_enabled():  # the usual backward: no graph to keep out of
+            return backward(ctx, *grads)
         with torch.no_grad():
             outputs = backward(ctx, *grads)
-        if not torch.is_grad_enabled():
-            return outputs
         # The returned gradients get a grad_fn that raises; they must require grad to have one.
         raising = torch._C._functions.DelayedError(DOUBLE_BACKWARD_ERROR.encode(), len(outputs))
         return raising(*[None if g is None else g.detach().requires_grad_() for g in outputs])
