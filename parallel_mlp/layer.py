@@ -42,7 +42,8 @@ def parallel_mlp_func(x, w1, w2, activation, *, b1=None, b2=None, tp_group=None,
     if backend == "auto" and small_step.applies(
             x.numel() // x.shape[-1], w1.shape[1], w1.shape[0], w2.shape[1], w2.shape[0],
             device_type=x.device.type, backend=backend, tp_size=tp.size, recompute=recompute,
-            fuse_grad_accum=fuse_grad_accum, compiling=torch.compiler.is_compiling()):
+            fuse_grad_accum=fuse_grad_accum, compiling=torch.compiler.is_compiling(),
+            gate_ops=act.gate is not None):
         return small_step.small_step(x, w1, b1, w2, b2, act)
     overlap = overlap_mod.enabled(tp_comm_overlap, tp, x.device.type)
     return _apply_function(x, w1, b1, w2, b2, act, tp, bool(recompute), bool(fuse_grad_accum),

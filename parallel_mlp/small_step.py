@@ -17,6 +17,18 @@ against eager's:
   (1.321 ms); in the sweep of 1acf886, with the fewer-waves rule (kernels/config.py) and a
   faster host, 1.29x (0.773 against 0.998 ms, the small step 0.917). Faster than the small step
   in both, so from 425 GFLOP the fused kernels run;
+- gated, where the small step would run a lean function (an activation with gate ops, from one
+  row per input feature; below): that function's backward is Python on autograd's device
+  thread, as the fused path's is, so the small step keeps no edge in host time, and once the
+  fused path's launches made no transposed views and sent fresh outputs straight to the launch
+  (kernels/ops.py), the fused kernels ran faster at the one such shape swept, T=2048 d=2048 h=2816
+  (213 GFLOP): 0.356 against 0.431 ms on a fast host, 0.856 against 0.882 on a slow one, at a
+  lower step peak (77.1 against 82.0 MiB; eager 92.8) (`bench sweep`, H200, 2026-12-03, code
+  366dd57; before those launch changes the fused kernels ran 3% slower there, 0.971 against
+  0.939 ms). So from ``MAX_FLOP_GATED_LEAN`` such steps run fused. Below one row per feature the
+  small step is autograd's C++ nodes and stays ahead: at T=512 d=1024 (27 GFLOP) 0.241 against
+  0.264 ms, at T=512 d=8192 (208 GFLOP) 0.853 against 0.943 on the slow host (0.385 against
+  0.356 on the fast one);
 - not gated: 0.43-0.57x at 6-206 GFLOP, 0.75-0.96x at 629, 0.96-1.00x at 824-825, 0.99-1.02x from
   3.3 TFLOP: ``MAX_FLOP``. With gelu_tanh_approx's math respelled (fewer instructions per
   element in the fused epilogues), the fused kernels read 0.86x eager at 629 GFLOP and
@@ -46,6 +58,10 @@ from .activations import TORCH_MATH, Activation, interleaved_pairs
 # gated, just above the largest measured slower (825).
 MAX_FLOP_GATED = 0.3e12
 MAX_FLOP = 1.0e12
+# Gated steps whose small step would be a lean function (keeps_gate_and_up_alone, an activation
+# with gate ops): from the one such step measured, where the fused kernels were faster (213
+# GFLOP); below it none was measured, so the small step stays there.
+MAX_FLOP_GATED_LEAN = 0.2e12
 # Rows per input feature from which a gated small step runs fc1 as two GEMMs (small_step): two
 # GEMMs were faster at 8 and slower at 1 (the shapes measured); 3 is about their geometric
 # middle.
@@ -64,10 +80,16 @@ def step_flop(rows: int, in_features: int, fc1_rows: int, hidden: int, out_featu
 
 def applies(rows: int, in_features: int, fc1_rows: int, hidden: int, out_features: int, *,
             device_type: str, backend: str, tp_size: int, recompute: bool,
-            fuse_grad_accum: bool, compiling: bool) -> bool:
+            fuse_grad_accum: bool, compiling: bool, gate_ops: bool) -> bool:
     """Whether a step with these sizes and options runs as plain autograd ops (gated: fc1_rows
-    is twice hidden)."""
-    limit = MAX_FLOP_GATED if fc1_rows != hidden else MAX_FLOP
+    is twice hidden; ``gate_ops``: the activation is ``a(g) * u`` with gate ops, so that its
+    small step would be a lean function from one row per input feature)."""
+    if fc1_rows == hidden:
+        limit = MAX_FLOP
+    elif gate_ops and keeps_gate_and_up_alone(rows, in_features):
+        limit = MAX_FLOP_GATED_LEAN
+    else:
+        limit = MAX_FLOP_GATED
     return (backend == "auto" and device_type == "cuda" and tp_size == 1 and not recompute
             and not fuse_grad_accum and not compiling
             and step_flop(rows, in_features, fc1_rows, hidden, out_features) < limit)

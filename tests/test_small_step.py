@@ -13,7 +13,7 @@ from parallel_mlp.activations import TORCH_MATH, interleaved_pairs
 # T=512 d=1024 swiglu h=2816: 26.6 GFLOP per fwd+bwd, far below the threshold.
 SMALL = dict(rows=512, in_features=1024, fc1_rows=5632, hidden=2816, out_features=1024)
 OPTIONS = dict(device_type="cuda", backend="auto", tp_size=1, recompute=False,
-               fuse_grad_accum=False, compiling=False)
+               fuse_grad_accum=False, compiling=False, gate_ops=True)
 
 
 def applies(sizes=SMALL, **changes):
@@ -30,30 +30,57 @@ def test_step_flop_counts_six_gemms():
 @pytest.mark.parametrize("gated,limit", [(True, small_step.MAX_FLOP_GATED),
                                          (False, small_step.MAX_FLOP)])
 def test_auto_takes_the_small_step_below_the_threshold_only(gated, limit):
+    """Gated without gate ops (no lean small step at any rows), and not gated."""
     sizes = SMALL if gated else dict(SMALL, fc1_rows=2816)
-    assert applies(sizes)
+    assert applies(sizes, gate_ops=False)
     # The rows at which a step's FLOP reach the threshold, and one row either side.
     per_row = small_step.step_flop(1, *list(sizes.values())[1:])
     edge = -(-int(limit) // per_row)
-    assert applies(dict(sizes, rows=edge - 1))
-    assert not applies(dict(sizes, rows=edge))
+    assert applies(dict(sizes, rows=edge - 1), gate_ops=False)
+    assert not applies(dict(sizes, rows=edge), gate_ops=False)
 
 
 def test_thresholds_fall_between_the_measured_shapes():
-    """bench sweep, H200: gated, 213 GFLOP slower fused, 425 faster; not gated, 825 GFLOP
-    slower fused, 3.3 TFLOP as fast."""
+    """bench sweep, H200: gated, 208 GFLOP (1/16 row per input feature) slower fused, 425
+    faster; gated at one row per feature, where the small step is a lean function, 213 GFLOP
+    faster fused; not gated, 825 GFLOP slower fused, 3.3 TFLOP as fast."""
     swiglu = dict(in_features=1024, fc1_rows=5632, hidden=2816, out_features=1024)
     assert not applies(dict(rows=8192, **swiglu))  # 425 GFLOP
-    assert applies(dict(rows=2048, in_features=2048, fc1_rows=5632, hidden=2816,
-                        out_features=2048))  # 213 GFLOP
+    t2048_d2048 = dict(rows=2048, in_features=2048, fc1_rows=5632, hidden=2816, out_features=2048)
+    assert not applies(t2048_d2048)  # 213 GFLOP, lean
+    # Without gate ops (swiglu_oai, glu) the small step is autograd's nodes there, unmeasured
+    # against the fused kernels: it keeps the gated threshold.
+    assert applies(t2048_d2048, gate_ops=False)
     assert applies(dict(rows=512, in_features=8192, fc1_rows=5504, hidden=2752,
-                        out_features=8192))  # 208 GFLOP
+                        out_features=8192))  # 208 GFLOP, 1/16 row per feature
     assert not applies(dict(rows=1000, in_features=4096, fc1_rows=22016, hidden=11008,
                             out_features=4096))
     gelu = dict(in_features=1024, fc1_rows=1024, hidden=1024, out_features=1024)
     assert applies(dict(rows=65536, **gelu))
     assert not applies(dict(rows=16384, in_features=5120, fc1_rows=2560, hidden=2560,
                             out_features=5120))
+
+
+def test_lean_gated_steps_take_the_small_step_below_their_own_threshold_only():
+    """From one row per input feature (a lean small step), gated steps run fused from
+    MAX_FLOP_GATED_LEAN; below one row per feature, from MAX_FLOP_GATED."""
+    square = dict(rows=1, in_features=1024, fc1_rows=5632, hidden=2816, out_features=1024)
+    per_row = small_step.step_flop(*square.values())
+    edge = -(-int(small_step.MAX_FLOP_GATED_LEAN) // per_row)
+    assert edge >= square["in_features"]  # lean at the edge, so the lean threshold decides
+    assert applies(dict(square, rows=edge - 1))
+    assert not applies(dict(square, rows=edge))
+    assert applies(dict(square, rows=edge), gate_ops=False)
+    # T=512 d=8192's shard: at its lean threshold's rows it is far below one row per feature,
+    # so MAX_FLOP_GATED decides.
+    wide = dict(rows=1, in_features=8192, fc1_rows=5504, hidden=2752, out_features=8192)
+    per_row = small_step.step_flop(*wide.values())
+    lean_edge = -(-int(small_step.MAX_FLOP_GATED_LEAN) // per_row)
+    gated_edge = -(-int(small_step.MAX_FLOP_GATED) // per_row)
+    assert lean_edge < gated_edge < wide["in_features"]
+    assert applies(dict(wide, rows=lean_edge))
+    assert applies(dict(wide, rows=gated_edge - 1))
+    assert not applies(dict(wide, rows=gated_edge))
 
 
 @pytest.mark.parametrize("change", [dict(backend="cute"), dict(backend="torch"),
@@ -167,7 +194,7 @@ def test_the_layer_runs_the_small_step_when_the_rule_says_so(monkeypatch):
     assert not type(y.grad_fn).__name__.startswith("ParallelMLPFunction")
     assert asked == [((10, 16, 24, 12, 9), dict(device_type="cpu", backend="auto", tp_size=1,
                                                  recompute=False, fuse_grad_accum=False,
-                                                 compiling=False))]
+                                                 compiling=False, gate_ops=True))]
     y.backward(dy)
     torch.testing.assert_close(y, fused)
     for got, want in zip((x.grad, mlp.fc1.weight.grad, mlp.fc2.weight.grad), fused_grads):

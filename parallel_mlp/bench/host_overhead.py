@@ -227,7 +227,8 @@ def forward_probe(calls: int, shape: tuple[int, int, int, str] = STEP_SHAPE,
         "small_step.applies, with its arguments": lambda: small_step.applies(
             x.numel() // x.shape[-1], W1.shape[1], W1.shape[0], W2.shape[1], W2.shape[0],
             device_type=x.device.type, backend="auto", tp_size=tp.size, recompute=False,
-            fuse_grad_accum=False, compiling=torch.compiler.is_compiling()),
+            fuse_grad_accum=False, compiling=torch.compiler.is_compiling(),
+            gate_ops=a.gate is not None),
         "torch.compiler.is_compiling": torch.compiler.is_compiling,
         "empty lambda": lambda: None,
     }

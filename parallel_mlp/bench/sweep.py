@@ -37,6 +37,7 @@ from dataclasses import asdict
 import torch
 
 from .. import small_step
+from ..activations import get_activation
 from ..backends import CuteBackend
 from . import quack_baseline, report, sweep_report
 from .harness import (
@@ -366,7 +367,8 @@ def takes_small_step(ctx: Ctx, shape: Shape) -> bool:
     return small_step.applies(shape.tokens, shape.d, fc1_features(shape.act, shape.shard),
                               shape.shard, shape.d, device_type=ctx.device.type,
                               backend=ctx.backend, tp_size=1, recompute=False,
-                              fuse_grad_accum=False, compiling=False)
+                              fuse_grad_accum=False, compiling=False,
+                              gate_ops=get_activation(shape.act).gate is not None)
 
 
 def sweep_row(ctx: Ctx, shape: Shape, names, quack_tuned: bool,
