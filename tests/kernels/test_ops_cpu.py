@@ -42,10 +42,22 @@ def test_stream_k_grid_larger_than_the_gpu_is_refused(monkeypatch):
         ops._launch(EpilogueSpec("store"), a, a.t(), d_dtype=torch.bfloat16, config=GemmConfig(stream_k=True))
 
 
+def launch_without_a_gpu(monkeypatch, get_kernel, stream: int = 0) -> None:
+    """Let ops._launch run on CPU tensors: kernels from ``get_kernel(key)``, an empty plan cache,
+    the given stream handle, a CPU tensor's device index as the current one, 132 SMs."""
+    from parallel_mlp.kernels import compile as kcompile
+
+    monkeypatch.setattr(kcompile, "get_kernel", lambda key, use_disk=True: get_kernel(key))
+    monkeypatch.setattr(ops, "_plans", {})
+    monkeypatch.setattr(ops, "_stream_handle", lambda index: stream)
+    monkeypatch.setattr(ops, "_current_device", lambda: None)  # a CPU tensor's index
+    monkeypatch.setattr(ops, "_num_sms", lambda index: 132)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+
+
 def test_a_launch_of_a_shape_seen_before_reuses_its_plan(monkeypatch):
     """The config rule and the kernel table are consulted once per shape and layout; every
     launch still packs its own tensors' addresses. A caller's config bypasses the plans."""
-    from parallel_mlp.kernels import compile as kcompile
     from parallel_mlp.kernels.config import GemmConfig
     from parallel_mlp.kernels.epilogue_spec import EpilogueSpec
 
@@ -55,16 +67,11 @@ def test_a_launch_of_a_shape_seen_before_reuses_its_plan(monkeypatch):
         def run_compiled_program(self, args):  # the argument structs live for this call only
             launches.append(ctypes_first_pointer(args))
 
-    def get_kernel(key, use_disk=True):
+    def get_kernel(key):
         lookups.append(key)
         return Kernel()
 
-    monkeypatch.setattr(kcompile, "get_kernel", get_kernel)
-    monkeypatch.setattr(ops, "_plans", {})
-    monkeypatch.setattr(ops, "_stream_handle", lambda index: 0)
-    monkeypatch.setattr(ops, "_current_device", lambda: None)  # a CPU tensor's index
-    monkeypatch.setattr(ops, "_num_sms", lambda index: 132)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    launch_without_a_gpu(monkeypatch, get_kernel)
     spec = EpilogueSpec("store")
     a, b, a2 = (torch.empty(256, 512, dtype=torch.bfloat16) for _ in range(3))
     d, d2 = (torch.empty(256, 256, dtype=torch.bfloat16) for _ in range(2))
@@ -85,7 +92,6 @@ def test_a_config_rewrite_reaches_launches_whose_plan_is_cached(monkeypatch):
     cached, and the cache must hold the rule's plan again afterwards."""
     import dataclasses
 
-    from parallel_mlp.kernels import compile as kcompile
     from parallel_mlp.kernels.epilogue_spec import EpilogueSpec
 
     launched = []
@@ -97,12 +103,7 @@ def test_a_config_rewrite_reaches_launches_whose_plan_is_cached(monkeypatch):
         def run_compiled_program(self, args):
             launched.append(self.key.config)
 
-    monkeypatch.setattr(kcompile, "get_kernel", lambda key, use_disk=True: Kernel(key))
-    monkeypatch.setattr(ops, "_plans", {})
-    monkeypatch.setattr(ops, "_stream_handle", lambda index: 0)
-    monkeypatch.setattr(ops, "_current_device", lambda: None)
-    monkeypatch.setattr(ops, "_num_sms", lambda index: 132)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    launch_without_a_gpu(monkeypatch, Kernel)
     spec = EpilogueSpec("store")
     a, b = torch.empty(256, 512, dtype=torch.bfloat16), torch.empty(256, 512, dtype=torch.bfloat16)
     d = torch.empty(256, 256, dtype=torch.bfloat16)
@@ -258,7 +259,6 @@ def test_a_launch_packs_b_as_the_kernels_transposed_view(a_layout, b_layout, epi
     (the layout the DSL's adapters are checked against in test_launch_args), for row- and
     column-major operands, a single row or column, and each epilogue's argument list; and the
     plan is the one the view would have keyed."""
-    from parallel_mlp.kernels import compile as kcompile
     from parallel_mlp.kernels.epilogue_spec import EpilogueSpec
 
     m, k, n = (1 if a_layout == "one row" else 48), 64, (1 if b_layout == "one column" else 80)
@@ -284,16 +284,11 @@ def test_a_launch_packs_b_as_the_kernels_transposed_view(a_layout, b_layout, epi
                        extra.get("dpre"), extra.get("bias"))
             packed.append(_argument_bytes(args, tensors))
 
-    def get_kernel(key, use_disk=True):
+    def get_kernel(key):
         keys.append(key)
         return Kernel()
 
-    monkeypatch.setattr(kcompile, "get_kernel", get_kernel)
-    monkeypatch.setattr(ops, "_plans", {})
-    monkeypatch.setattr(ops, "_stream_handle", lambda index: 0x1234)
-    monkeypatch.setattr(ops, "_current_device", lambda: None)
-    monkeypatch.setattr(ops, "_num_sms", lambda index: 132)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    launch_without_a_gpu(monkeypatch, get_kernel, stream=0x1234)
     ops._launch(spec, a, b, d_dtype=torch.bfloat16, **extra)
     ops._launch(spec, a, b, d_dtype=torch.bfloat16, **extra)  # from the plan cache
     view_args, keep = ops._launch_args((a, b.t(), extra.get("d"), extra.get("post"), extra.get("prein"),
