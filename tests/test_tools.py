@@ -186,3 +186,24 @@ def test_host_speed_stages_quick_flag_parses():
     r = subprocess.run([sys.executable, str(TOOLS / "host_speed_stages.py"), "--quick"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr
+
+
+def test_host_stub_paired_runs_two_revisions_side_by_side(tmp_path, capsys):
+    """tools/host_stub_paired.py: each revision's copy imports as its own package (no module of
+    it refers to parallel_mlp), and a run prints both host times and their ratio for each
+    measure, on the CPU."""
+    if subprocess.run(["git", "rev-parse", "HEAD"], cwd=TOOLS.parent, capture_output=True).returncode:
+        pytest.skip("not a git checkout")
+    sys.path.insert(0, str(TOOLS))
+    try:
+        import host_stub_paired
+    finally:
+        sys.path.remove(str(TOOLS))
+    host_stub_paired.export_renamed("HEAD", "pmlp_head", tmp_path)
+    texts = [p.read_text() for p in (tmp_path / "pmlp_head").rglob("*.py")]
+    assert (tmp_path / "pmlp_head" / "kernels" / "ops.py").is_file()
+    assert not any(re.search(r"\bparallel_mlp\b", t) for t in texts)
+    assert host_stub_paired.main(["HEAD", "--rounds", "1", "--steps", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines[1:]] == ["fwd+bwd", "forward", "fwd+bwd", "forward"]
+    assert all(line.rstrip().endswith("x") for line in lines[1:])
