@@ -86,7 +86,7 @@ def applies(rows: int, in_features: int, fc1_rows: int, hidden: int, out_feature
     small step would be a lean function from one row per input feature)."""
     if fc1_rows == hidden:
         limit = MAX_FLOP
-    elif gate_ops and keeps_gate_and_up_alone(rows, in_features):
+    elif keeps_gate_and_up_alone(rows, in_features, gate_ops):
         limit = MAX_FLOP_GATED_LEAN
     else:
         limit = MAX_FLOP_GATED
@@ -101,11 +101,11 @@ def splits_the_weight(rows: int, in_features: int) -> bool:
     return rows >= GATE_GEMMS_MIN_ROWS_PER_FEATURE * in_features
 
 
-def keeps_gate_and_up_alone(rows: int, in_features: int) -> bool:
-    """Whether a gated small step (of an activation with gate ops) runs a lean function
-    (LeanGatedProduct or LeanGatedPairs): once its activation is LEAN_MIN_ROWS_PER_FEATURE times
-    fc1's input width."""
-    return rows >= LEAN_MIN_ROWS_PER_FEATURE * in_features
+def keeps_gate_and_up_alone(rows: int, in_features: int, gate_ops: bool) -> bool:
+    """Whether a gated small step runs a lean function (LeanGatedProduct or LeanGatedPairs): for
+    an activation with gate ops (``a(g) * u``), once its activation is LEAN_MIN_ROWS_PER_FEATURE
+    times fc1's input width."""
+    return gate_ops and rows >= LEAN_MIN_ROWS_PER_FEATURE * in_features
 
 
 def small_step(x: torch.Tensor, w1: torch.Tensor, b1, w2: torch.Tensor, b2,
@@ -166,7 +166,7 @@ def small_step(x: torch.Tensor, w1: torch.Tensor, b1, w2: torch.Tensor, b2,
     if not act.gated:
         return F.linear(act.autograd_forward(F.linear(x, w1, b1)), w2, b2)
     rows, in_features = x.numel() // x.shape[-1], w1.shape[1]
-    lean = act.gate is not None and keeps_gate_and_up_alone(rows, in_features)
+    lean = keeps_gate_and_up_alone(rows, in_features, act.gate is not None)
     if splits_the_weight(rows, in_features):
         gate, up = gate_and_up_by_two_gemms(x, w1, b1)
         post = LeanGatedProduct.apply(gate, up, act) if lean else act.autograd_gated(gate, up)

@@ -385,7 +385,9 @@ def test_gated_activations_with_gate_ops_take_a_lean_function(name, rows, want):
     d = 16
     assert small_step.splits_the_weight(48, d) and not small_step.splits_the_weight(47, d)
     assert small_step.LEAN_MIN_ROWS_PER_FEATURE == 1
-    assert small_step.keeps_gate_and_up_alone(16, d) and not small_step.keeps_gate_and_up_alone(15, d)
+    assert small_step.keeps_gate_and_up_alone(16, d, True)
+    assert not small_step.keeps_gate_and_up_alone(15, d, True)
+    assert not small_step.keeps_gate_and_up_alone(16, d, False)
     act = ACTIVATIONS[name]
     x = torch.randn(rows, d, requires_grad=True)
     y = small_step.small_step(x, torch.randn(16, d), None, torch.randn(5, 8), None, act)
