@@ -298,13 +298,9 @@ def own_allocator_pool(device):
     same on either thread. Allocations made inside must be freed before the context ends."""
     device = torch.device(device)
     index = device.index if device.index is not None else torch.cuda.current_device()
-    pool = torch.cuda.MemPool()
-    try:
-        with torch.autograd.set_multithreading_enabled(False), \
-                torch.cuda.use_mem_pool(pool, index):
-            yield
-    finally:
-        del pool
+    with torch.autograd.set_multithreading_enabled(False), \
+            torch.cuda.use_mem_pool(torch.cuda.MemPool(), index):
+        yield
 
 
 def _requested_bytes(device, which: str) -> int | None:
