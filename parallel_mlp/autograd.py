@@ -37,7 +37,7 @@ import functools
 import torch
 
 from .activations import Activation
-from .backends import CuteBackend, resolve
+from .backends import TorchBackend, resolve
 from .grad_accum import weight_grad
 from . import overlap as overlap_mod
 from .tp import Pending, TPGroup, all_gather_rows, all_reduce, reduce_scatter_rows
@@ -193,7 +193,7 @@ class ParallelMLPFunction(torch.autograd.Function):
         # Every other operand is forward's or has its row widths, and forward's choice covered
         # them: only dy is new to the CuTe path's checks.
         ops = ctx.ops
-        if ops is CuteBackend:
+        if ops is not TorchBackend:
             ops = resolve(backend, dy2d)
         rows = tp.size * x2d.shape[0] if sp else x2d.shape[0]
 
@@ -202,7 +202,7 @@ class ParallelMLPFunction(torch.autograd.Function):
                 # Only preact is needed. A plain GEMM of the same shape runs the same kernel
                 # config and mainloop as forward's gemm_act and rounds the same fp32 accumulator
                 # once, so it gives the same bits, without writing a postact nobody reads.
-                return ops.gemm(x_rows, w1c.t(), out=out, whole_rows=whole_rows)
+                return ops.gemm(x_rows, w1c.t(), out=out, whole_rows=whole_rows, replay=True)
             # With a bias, gemm_act rounds (acc + b1) once; a GEMM then a bias add would round
             # twice. Replay the forward's own op instead.
             return ops.gemm_act(x_rows, w1c.t(), act.name, bias=b1c, store_preact=True,

@@ -7,7 +7,8 @@ Three ops (``b`` is usually a transposed view of a weight)::
     gemm_dact(a, b, preact, activation) -> (dpreact, postact)          # dpostact = a @ b
 
 and ``transient_bytes(m, n, k, device)``: the memory a GEMM of that shape allocates for the
-length of one call (the backward orders its GEMMs by it).
+length of one call (the backward orders its GEMMs by it). ``gemm``'s ``replay=True`` marks
+recompute's replay of fc1: it must run the kernel ``gemm_act`` ran, for the same bits.
 
 For the tensor-parallel overlap, which runs a GEMM block of rows by block of rows, gemm_act and
 gemm_dact also take their outputs (``out_preact``, ``out_postact``, ``out_dpreact``: row blocks of
@@ -16,7 +17,9 @@ so that the kernel chosen for the block is the whole GEMM's (cute; the torch bac
 
 ``torch`` is the reference and the fallback: cuBLAS (or the CPU matmul) plus the activation math of
 :mod:`parallel_mlp.activations`. ``cute`` runs the CuTe DSL kernels of ``parallel_mlp.kernels`` on
-sm_90. ``auto`` takes ``cute`` where it applies and otherwise ``torch``, saying why once at debug level.
+sm_90. ``auto`` takes ``cute`` where it applies (as :class:`AutoBackend`: the CuTe kernels, but
+cuBLAS for the plain GEMMs with too few tiles to fill the GPU, see ``cublas_runs``) and
+otherwise ``torch``, saying why once at debug level.
 """
 
 from __future__ import annotations
@@ -103,7 +106,7 @@ class TorchBackend:
         return 0  # cuBLAS's workspace is allocated once per handle, not per call
 
     @staticmethod
-    def gemm(a, b, out=None, out_dtype=None, accumulate=False, whole_rows=None):
+    def gemm(a, b, out=None, out_dtype=None, accumulate=False, whole_rows=None, replay=False):
         if accumulate:
             if out is None:
                 raise ValueError("gemm(accumulate=True) needs out= to accumulate into")
@@ -203,7 +206,8 @@ class CuteBackend:
         return cls._ops().transient_bytes(m, n, k, device)
 
     @classmethod
-    def gemm(cls, a, b, out=None, out_dtype=None, accumulate=False, whole_rows=None):
+    def gemm(cls, a, b, out=None, out_dtype=None, accumulate=False, whole_rows=None,
+             replay=False):
         return cls._ops().gemm(a, b, out=out, out_dtype=out_dtype, accumulate=accumulate,
                                whole_rows=whole_rows, checked=True)
 
@@ -219,6 +223,75 @@ class CuteBackend:
                   whole_rows=None):
         return cls._ops().gemm_dact(a, b, preact, activation, out_dpreact=out_dpreact,
                                     out_postact=out_postact, whole_rows=whole_rows, checked=True)
+
+
+# ---- auto: the CuTe kernels, with cuBLAS for the plain GEMMs it runs faster -----------------
+
+# A plain GEMM (no activation) whose output has at most this many waves of 128x128 tiles over
+# the GPU's SMs runs on cuBLAS under backend="auto". Ours against cuBLAS for the four plain
+# GEMMs of a step (fc2, dx, the wgrads bf16 and accumulated into fp32) at the 30 shapes of the
+# sweep's grid, each a CUDA graph held 0.2 s x 4 (`python3 tools/plain_gemms.py`, H200,
+# 2026-12-03): all 36 GEMMs with up to 2.5 waves (330 tiles on 132 SMs) ran slower on ours,
+# 0.75-0.99x cuBLAS (fc2 and dx at T=512-4096: 0.75-0.95x; the wgrads of 64-96 tiles at
+# T=65536 in stream-K: 0.84-0.89x); from 2.67 waves ours ran 0.86-1.21x, faster at some (dW1
+# of 5632 x 1024 at K = 8192 and 65536: 1.05x and 1.13x). Ours keeps the fused ops, whose
+# activation cuBLAS cannot run, and recompute's replay of fc1, which must give gemm_act's bits.
+CUBLAS_MAX_WAVES = 2.5
+
+_SM_COUNT: dict[int, int] = {}  # by CUDA device index
+
+
+def _sm_count(device: torch.device) -> int:
+    """The SMs of a CUDA device; 0 for any other (the CuTe path on a CPU tensor exists only
+    where tests or the host-time stub fake it: nothing goes to cuBLAS there)."""
+    if device.type != "cuda":
+        return 0
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNT:
+        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNT[index]
+
+
+def cublas_runs(m: int, n: int, num_sms: int) -> bool:
+    """Whether auto runs a plain GEMM with an [m, n] output on cuBLAS: at most CUBLAS_MAX_WAVES
+    waves of 128x128 tiles over ``num_sms`` SMs."""
+    return -(-m // 128) * -(-n // 128) <= CUBLAS_MAX_WAVES * num_sms
+
+
+class AutoBackend(CuteBackend):
+    """``backend="auto"`` where the CuTe kernels apply: ours, but cuBLAS for a plain GEMM with
+    too few tiles for our kernels (``cublas_runs``), as PyTorch's own matmul runs it (fp32
+    accumulation; ``torch.backends.cuda.matmul`` settings apply). Into an fp32 main grad by
+    cuBLAS's fp32-output addmm (``fp32_addmm_works``); a 16-bit gradient accumulated in place,
+    or an output of another dtype than the operands', stays on ours (one rounding of the fp32
+    sum)."""
+
+    name = "auto"
+
+    @classmethod
+    def _on_cublas(cls, a, b, out, out_dtype, accumulate, whole_rows) -> bool:
+        m = a.shape[0] if whole_rows is None else whole_rows
+        if not cublas_runs(m, b.shape[1], _sm_count(a.device)):
+            return False
+        if accumulate:
+            return out.dtype == torch.float32 and fp32_addmm_works(out.device, a.dtype)
+        return (out_dtype or (out.dtype if out is not None else a.dtype)) == a.dtype
+
+    @classmethod
+    def transient_bytes(cls, m, n, k, device):
+        if cublas_runs(m, n, _sm_count(device)):
+            return 0  # cuBLAS's workspace is allocated once per handle, not per call
+        return super().transient_bytes(m, n, k, device)
+
+    @classmethod
+    def gemm(cls, a, b, out=None, out_dtype=None, accumulate=False, whole_rows=None,
+             replay=False):
+        if not replay and cls._on_cublas(a, b, out, out_dtype, accumulate, whole_rows):
+            if accumulate:
+                return _accumulate_fp32(a, b, out)
+            return torch.mm(a, b) if out is None else torch.mm(a, b, out=out)
+        return super().gemm(a, b, out=out, out_dtype=out_dtype, accumulate=accumulate,
+                            whole_rows=whole_rows)
 
 
 _warned: set[str] = set()
@@ -237,7 +310,7 @@ def resolve(backend: str, *tensors: torch.Tensor):
     tensors = tuple(t for t in tensors if t is not None)
     reason = CuteBackend.unsupported_reason(*tensors)
     if reason is None:
-        return CuteBackend
+        return AutoBackend if backend == "auto" else CuteBackend
     if backend == "cute":
         raise ValueError(f"backend='cute' cannot run here: {reason}")
     if reason not in _warned:

@@ -18,7 +18,9 @@ Collectives are issued in the same order on every rank (block 0, 1, ...), as NCC
 
 Numerics. Each block's GEMM uses the kernel the whole GEMM would (the ops' ``whole_rows``), so
 the GEMMs produce the unchunked GEMMs' bits, except where the whole GEMM would split its K loop
-over the last wave (stream-K): blocks always run whole tiles. The reductions are not the same
+over the last wave (stream-K): blocks always run whole tiles; and where ``backend="auto"`` runs
+the whole GEMM on cuBLAS (backends.cublas_runs), each block runs there too, and cuBLAS picks its
+kernel for the block's own rows. The reductions are not the same
 collectives (a reduce per block instead of one reduce-scatter, an all-reduce per block instead
 of one all-reduce), so their p-way sums may round in another order: the outputs agree with the
 unchunked path to the rounding of that sum, not bit for bit.

@@ -168,3 +168,149 @@ def test_ops_write_into_given_row_blocks_and_refuse_misfits():
         TorchBackend.gemm_act(a, b, "swiglu", out_postact=torch.empty(M, N + 1, dtype=torch.float64))
     with pytest.raises(ValueError, match="output buffer is"):
         TorchBackend.gemm_dact(dy, w2, pre, "swiglu", out_postact=torch.empty(M, N))
+
+
+@pytest.mark.parametrize("m,n,num_sms,on_cublas", [
+    (1000, 4096, 132, True),     # 8 x 32 = 256 tiles: T=1000's fc2
+    (1000, 5120, 132, True),     # 320 tiles
+    (129, 165 * 128, 132, True),   # a row tail counts a whole row of tiles: 2 x 165 = 330
+    (129, 166 * 128, 132, False),  # 332
+    (4096, 1376, 132, False),    # 32 x 11 = 352 tiles
+    (8192, 1024, 132, False),
+    (128, 256, 1, True), (256, 256, 1, False),
+    (1, 1, 0, False),            # no SMs (not a CUDA device): never
+])
+def test_cublas_runs_plain_gemms_of_at_most_two_and_a_half_waves(m, n, num_sms, on_cublas):
+    assert backends.cublas_runs(m, n, num_sms) is on_cublas
+
+
+class _FakeKernels:
+    """Stands in for kernels.ops: records each call, computes with torch."""
+
+    def __init__(self):
+        self.calls = []
+
+    def gemm(self, a, b, out=None, out_dtype=None, accumulate=False, whole_rows=None,
+             checked=False):
+        self.calls.append(("gemm", a.shape[0], whole_rows, accumulate))
+        result = (a.float() @ b.float())
+        if accumulate:
+            return out.add_(result.to(out.dtype))
+        dtype = out_dtype or (out.dtype if out is not None else a.dtype)
+        return result.to(dtype) if out is None else out.copy_(result)
+
+    def transient_bytes(self, m, n, k, device):
+        return 12345
+
+
+@pytest.fixture
+def auto_on_one_sm(monkeypatch):
+    """AutoBackend on CPU tensors as if on a GPU of one SM (cuBLAS up to 2 tiles of 128x128),
+    its CuTe kernels faked."""
+    fake = _FakeKernels()
+    monkeypatch.setattr(backends.CuteBackend, "_module", fake)
+    monkeypatch.setattr(backends, "_sm_count", lambda device: 1)
+    return fake
+
+
+def test_auto_runs_small_plain_gemms_on_cublas_and_the_rest_on_ours(auto_on_one_sm):
+    fake, auto = auto_on_one_sm, backends.AutoBackend
+    bf = torch.bfloat16
+    a, b = torch.randn(100, 64, dtype=bf), torch.randn(64, 256, dtype=bf)   # 1 x 2 tiles
+    assert torch.equal(auto.gemm(a, b), torch.mm(a, b)) and fake.calls == []
+    out = torch.empty(100, 256, dtype=bf)
+    assert auto.gemm(a, b, out=out) is out and torch.equal(out, torch.mm(a, b))
+    assert fake.calls == []
+    big = torch.randn(300, 64, dtype=bf)                                      # 3 x 2 tiles
+    auto.gemm(big, b)
+    assert fake.calls == [("gemm", 300, None, False)]
+    # a block of rows goes where its whole GEMM goes
+    fake.calls.clear()
+    auto.gemm(a, b, whole_rows=300)
+    assert fake.calls == [("gemm", 100, 300, False)]
+    # recompute's replay of fc1 runs gemm_act's kernel, for its bits
+    fake.calls.clear()
+    auto.gemm(a, b, replay=True)
+    # an output dtype other than the operands' (one rounding of the fp32 sum on ours)
+    auto.gemm(a, b, out_dtype=torch.float32)
+    # a 16-bit gradient accumulated in place
+    auto.gemm(a, b, out=torch.zeros(100, 256, dtype=bf), accumulate=True)
+    assert len(fake.calls) == 3 and all(c[1] == 100 for c in fake.calls)
+
+
+def test_auto_accumulates_into_fp32_on_cublas_where_its_addmm_works(auto_on_one_sm, monkeypatch):
+    fake, auto = auto_on_one_sm, backends.AutoBackend
+    a, b = torch.randn(100, 64, dtype=torch.bfloat16), torch.randn(64, 256, dtype=torch.bfloat16)
+    main_grad = torch.randn(100, 256)
+    want = main_grad + a.float() @ b.float()
+    on_cublas = []
+    monkeypatch.setattr(backends, "_accumulate_fp32",
+                        lambda a, b, out: on_cublas.append(1) or out.add_(a.float() @ b.float()))
+    monkeypatch.setattr(backends, "fp32_addmm_works", lambda device, dtype: False)
+    auto.gemm(a, b, out=main_grad.clone(), accumulate=True)
+    assert on_cublas == [] and len(fake.calls) == 1
+    monkeypatch.setattr(backends, "fp32_addmm_works", lambda device, dtype: True)
+    got = auto.gemm(a, b, out=main_grad.clone(), accumulate=True)
+    assert on_cublas == [1] and len(fake.calls) == 1
+    torch.testing.assert_close(got, want)
+
+
+def test_auto_transient_bytes_are_none_on_cublas(auto_on_one_sm):
+    dev = torch.device("cpu")
+    assert backends.AutoBackend.transient_bytes(100, 256, 4096, dev) == 0
+    assert backends.AutoBackend.transient_bytes(300, 256, 4096, dev) == 12345
+
+
+def test_auto_resolves_to_the_auto_backend_where_cute_applies(monkeypatch):
+    monkeypatch.setattr(backends.CuteBackend, "unsupported_reason", classmethod(lambda cls, *t: None))
+    t = torch.randn(2, 2)
+    assert resolve("auto", t) is backends.AutoBackend
+    assert resolve("cute", t) is backends.CuteBackend
+
+
+class _FakeKernelsWithActs(_FakeKernels):
+    """The fake kernels with the fused ops, computed by the torch backend."""
+
+    def gemm_act(self, a, b, activation, bias=None, store_preact=True, out_preact=None,
+                 out_postact=None, whole_rows=None, checked=False):
+        self.calls.append(("gemm_act", a.shape[0], whole_rows, False))
+        return TorchBackend.gemm_act(a, b, activation, bias=bias, store_preact=store_preact,
+                                     out_preact=out_preact, out_postact=out_postact)
+
+    def gemm_dact(self, a, b, preact, activation, out_dpreact=None, out_postact=None,
+                  whole_rows=None, checked=False):
+        self.calls.append(("gemm_dact", a.shape[0], whole_rows, False))
+        return TorchBackend.gemm_dact(a, b, preact, activation, out_dpreact=out_dpreact,
+                                      out_postact=out_postact)
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_the_layer_on_auto_sends_only_its_plain_gemms_to_cublas(recompute, monkeypatch):
+    """With every plain GEMM small enough for cuBLAS, the fused ops and recompute's replay of
+    fc1 still run our kernels (the replay must give gemm_act's bits); gradients as the torch
+    backend's."""
+    from parallel_mlp import ParallelMLP
+
+    fake = _FakeKernelsWithActs()
+    monkeypatch.setattr(backends.CuteBackend, "_module", fake)
+    monkeypatch.setattr(backends.CuteBackend, "unsupported_reason", classmethod(lambda cls, *t: None))
+    monkeypatch.setattr(backends, "_sm_count", lambda device: 10_000)
+    mm = []
+    real_mm = torch.mm
+    monkeypatch.setattr(torch, "mm", lambda a, b, **kw: mm.append(a.shape) or real_mm(a, b, **kw))
+    torch.manual_seed(0)
+    mlp = ParallelMLP(16, 32, activation="swiglu", recompute=recompute, backend="auto",
+                      dtype=torch.bfloat16)
+    ref = ParallelMLP(16, 32, activation="swiglu", backend="torch", dtype=torch.bfloat16)
+    ref.load_state_dict(mlp.state_dict())
+    x = torch.randn(9, 16, dtype=torch.bfloat16)
+    dy = torch.randn(9, 16, dtype=torch.bfloat16)
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    mlp(x1).backward(dy)
+    ref(x2).backward(dy)
+    kinds = [c[0] for c in fake.calls]
+    assert kinds == ["gemm_act"] + (["gemm"] if recompute else []) + ["gemm_dact"]
+    assert len(mm) == 4  # fc2, dW2, dx, dW1
+    for ours, want in ((x1.grad, x2.grad), (mlp.fc1.weight.grad, ref.fc1.weight.grad),
+                       (mlp.fc2.weight.grad, ref.fc2.weight.grad)):
+        torch.testing.assert_close(ours, want)

@@ -96,6 +96,45 @@ def test_auto_runs_a_small_step_as_plain_ops_within_tolerance(activation, tokens
     assert _fused(big(torch.randn(8192, 4096, device="cuda", dtype=torch.bfloat16)))
 
 
+
+@pytest.mark.parametrize("activation", ["swiglu", "gelu_tanh_approx"])
+def test_auto_runs_the_small_plain_gemms_on_cublas_within_tolerance(activation, monkeypatch):
+    """On the fused path (here: main-grad fusion, with and without recompute) ``auto`` runs fc2,
+    dx and the wgrads of a step this small on cuBLAS (backends.cublas_runs: 16-64 tiles) and
+    the fused ops on ours; recompute's replay of fc1 (no b1: a plain GEMM) stays on ours, so
+    recompute still gives the default mode's bits; every gradient within the design's rule."""
+    needs_cute()
+    from parallel_mlp import backends
+
+    calls = []
+    real_mm, real_acc = torch.mm, backends._accumulate_fp32
+    monkeypatch.setattr(torch, "mm", lambda *a, **kw: calls.append("mm") or real_mm(*a, **kw))
+    monkeypatch.setattr(backends, "_accumulate_fp32",
+                        lambda *a: calls.append("acc") or real_acc(*a))
+    g = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.randn(TOKENS, D, device="cuda", generator=g).bfloat16()
+    dy = torch.randn(TOKENS, D_OUT, device="cuda", generator=g).bfloat16()
+    runs = {}
+    for recompute in (False, True):
+        mlp = make(activation, "auto", torch.bfloat16, recompute=recompute, fuse=True, bias=False)
+        for p in (mlp.fc1.weight, mlp.fc2.weight):
+            p.main_grad = torch.zeros(p.shape, dtype=torch.float32, device="cuda")
+        xg = x.detach().clone().requires_grad_()
+        y = mlp(xg)
+        assert _fused(y)
+        y.backward(dy)
+        runs[recompute] = dict(y=y.detach(), x=xg.grad, w1=mlp.fc1.weight.main_grad,
+                               w2=mlp.fc2.weight.main_grad)
+    assert sorted(calls) == ["acc"] * 4 + ["mm"] * 4  # per step: fc2, dx; dW2, dW1 accumulated
+    for key in runs[False]:
+        assert torch.equal(runs[False][key], runs[True][key]), f"{key}: recompute differs"
+    weights = (mlp.fc1.weight, mlp.fc2.weight, activation)
+    ref_y, ref = reference.mlp_with_grads(x, *weights, dy=dy)
+    torch_y, theirs = reference.mlp_with_grads(x, *weights, dy=dy, dtype=torch.bfloat16)
+    ref, theirs = dict(ref, y=ref_y), dict(theirs, y=torch_y)
+    for key in ("y", "x", "w1", "w2"):
+        assert_design_tolerance(f"{activation} auto {key}", runs[True][key], theirs[key], ref[key])
+
 # Shapes whose default configs run stream-K: the wgrads at T=65536 d=1024 h=1024 share their K
 # over an under-filled grid (16 tile clusters on 66, 4.1 ways); fc2 and dx at T=2304 d=4096
 # h=7168 split a partial last wave (12 of 66 clusters, 5.5 ways). Every gradient, not y and dx

@@ -429,7 +429,7 @@ def run(args: argparse.Namespace) -> dict:
             log(f"quack: skipped: {reason}")
     num_sms = (torch.cuda.get_device_properties(device).multi_processor_count if ctx.cuda
                else 132)
-    warm_ours = ctx.cuda and ctx.ours is CuteBackend and not args.no_warmup
+    warm_ours = ctx.cuda and issubclass(ctx.ours or object, CuteBackend) and not args.no_warmup
     # quack compiles ahead only untuned: tuned, it compiles its candidates at each new shape.
     warm_quack = ("quack" in names and "quack" not in ctx.unavailable and not args.no_warmup
                   and not args.quack_tuned)
