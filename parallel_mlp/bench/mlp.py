@@ -23,6 +23,7 @@ from .harness import (
 from .models import (
     CheckpointedEagerMLP,
     EagerMLP,
+    FusedParallelMLP,
     GemmCeiling,
     build_parallel_mlp,
     chunked_w1,
@@ -71,8 +72,10 @@ def mlp_builders(ctx: Ctx, act: str, h: int, w1: torch.Tensor, w2: torch.Tensor)
         "ours": ours,
         "eager_graphed": lambda: graphed(eager),
         "ours_graphed": lambda: graphed(ours),
-        # The fused kernels at every size: beside an `auto` ours that takes the small step.
-        "ours_fused": lambda: build_parallel_mlp(w1, w2, act, h, backend="cute"),
+        # The fused function at every size, as `auto` runs it above the small-step thresholds:
+        # beside an `auto` ours that takes the small step.
+        "ours_fused": lambda: build_parallel_mlp(w1, w2, act, h, cls=FusedParallelMLP,
+                                                 backend=ctx.backend),
         "ours_recompute": lambda: build_parallel_mlp(w1, w2, act, h, backend=ctx.backend,
                                                      recompute=True),
         # eager at recompute's memory: x kept alone, the forward replayed in backward

@@ -14,7 +14,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..activations import get_activation
-from ..layer import ParallelMLP
+from ..layer import ParallelMLP, _apply_function
 from ..params import merge_gate_up, split_gate_up
 from .harness import Ctx, nbytes, rel_err
 
@@ -153,12 +153,23 @@ def chunked_w1(w1: torch.Tensor, gated: bool) -> torch.Tensor:
     return split_gate_up(w1).reshape(w1.shape).contiguous() if gated else w1.clone()
 
 
-def build_parallel_mlp(w1, w2, act: str, h: int, **kwargs) -> ParallelMLP:
-    """ParallelMLP holding the given weights (this rank's shards; TP = the default group's size,
-    1 without torch.distributed). Built on the meta device and materialized where the weights
-    are, so no time goes to drawing the default init on the CPU."""
+class FusedParallelMLP(ParallelMLP):
+    """ParallelMLP that runs the fused function at every size: what ``backend="auto"`` runs
+    above the small-step thresholds (the fused kernels, cuBLAS for the plain GEMMs it measured
+    faster), timed beside an ``auto`` that takes the small step."""
+
+    def forward(self, x):
+        return _apply_function(x, self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias,
+                               self.activation, self.tp, self.recompute, self.fuse_grad_accum,
+                               self.backend, self.sequence_parallel, False)
+
+
+def build_parallel_mlp(w1, w2, act: str, h: int, cls=ParallelMLP, **kwargs) -> ParallelMLP:
+    """ParallelMLP (or ``cls``) holding the given weights (this rank's shards; TP = the default
+    group's size, 1 without torch.distributed). Built on the meta device and materialized where
+    the weights are, so no time goes to drawing the default init on the CPU."""
     d = w1.shape[1]
-    model = ParallelMLP(d, h, activation=act, device="meta", dtype=w1.dtype, **kwargs)
+    model = cls(d, h, activation=act, device="meta", dtype=w1.dtype, **kwargs)
     model = model.to_empty(device=w1.device)
     with torch.no_grad():
         model.fc1.weight.copy_(w1)
