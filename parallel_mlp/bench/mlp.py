@@ -81,6 +81,10 @@ def mlp_builders(ctx: Ctx, act: str, h: int, w1: torch.Tensor, w2: torch.Tensor)
         # eager at recompute's memory: x kept alone, the forward replayed in backward
         "eager_recompute": lambda: CheckpointedEagerMLP(chunked_w1(w1, gated), w2.clone(), act),
         "torch_backend": lambda: build_parallel_mlp(w1, w2, act, h, backend="torch"),
+        # the fused function with every GEMM on our kernels, beside auto's (cuBLAS's plain
+        # GEMMs where backends.cublas_runs)
+        "ours_cute": lambda: build_parallel_mlp(w1, w2, act, h, cls=FusedParallelMLP,
+                                                backend="cute"),
         "compile": compiled,
         # cuBLAS's six GEMMs of the step and nothing else: the bound of a fused MLP
         "gemm_ceiling": lambda: GemmCeiling(chunked_w1(w1, gated), w2.clone()),

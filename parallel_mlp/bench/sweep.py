@@ -153,6 +153,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--torch-backend", action="store_true",
                    help="also time ParallelMLP on its torch backend (cuBLAS and fused torch "
                         "activations): the data a size rule for backend='auto' would need")
+    p.add_argument("--all-cute", action="store_true",
+                   help="also time the fused function with every GEMM on our kernels "
+                        "(backend='cute'), beside auto's, which runs the plain GEMMs of few "
+                        "tiles on cuBLAS (backends.cublas_runs)")
     p.add_argument("--graphed", action="store_true",
                    help="also time eager and ours with each step captured in CUDA graphs "
                         "(torch.cuda.make_graphed_callables): what remains of a host-bound "
@@ -217,6 +221,7 @@ def variants(args: argparse.Namespace) -> list[str]:
     # The optional variants go after the recompute pair, in this order. With --backend torch,
     # ours already is the torch backend.
     extra = ["torch_backend"] if args.torch_backend and args.backend != "torch" else []
+    extra += ["ours_cute"] if args.all_cute and args.backend == "auto" else []
     extra += ["gemm_ceiling"] if args.ceiling else []
     extra += ["eager_graphed", "ours_graphed"] if args.graphed else []
     at = names.index("eager_recompute" if "eager_recompute" in names else "ours_recompute") + 1

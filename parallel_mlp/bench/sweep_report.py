@@ -15,7 +15,8 @@ VARIANT_NAMES = {"ours": "ours", "ours_fused": "ours, fused kernels",
                  "ours_recompute": "ours recompute", "eager": "eager",
                  "eager_recompute": "eager, checkpointed",
                  "compile": "torch.compile", "quack": "quack",
-                 "torch_backend": "ours, torch backend", "eager_graphed": "eager, CUDA graph",
+                 "torch_backend": "ours, torch backend",
+                 "ours_cute": "ours, every GEMM on our kernels", "eager_graphed": "eager, CUDA graph",
                  "ours_graphed": "ours, CUDA graph", "eager_copy": "eager, a second copy",
                  "gemm_ceiling": "six cuBLAS GEMMs, no act"}
 # Against whom ours' summary and heat maps compare it: (variant, key of ours' ratio, label).
@@ -112,7 +113,8 @@ def summary(results: dict) -> list[str]:
     for name, _, label in BASELINES:
         pairs = [(x, r["label"]) for r in rows if (x := ours_over(r, name)) is not None]
         lines.append(f"  vs {label:14s} {_spread(pairs) if pairs else '-'}")
-    lines += noise(rows) + ceiling(rows) + small_steps(rows) + backend_choice(rows) + graphed(rows)
+    lines += (noise(rows) + ceiling(rows) + small_steps(rows) + backend_choice(rows)
+              + plain_gemm_library(rows) + graphed(rows))
     rec = [r["recompute_ratio"] for r in rows if r.get("recompute_ratio")]
     if rec:
         lines.append(f"  recompute / default time: geomean {geomean(rec):.3f}, "
@@ -202,6 +204,20 @@ def memory(rows: list[dict]) -> list[str]:
 def backend_choice(rows: list[dict]) -> list[str]:
     """Where the torch backend was timed (--torch-backend): the shapes at which it beat ours."""
     return _against(rows, "torch_backend", "cute vs the torch backend", "the torch backend is")
+
+
+def plain_gemm_library(rows: list[dict]) -> list[str]:
+    """Where the fused function was also timed with every GEMM on our kernels (--all-cute):
+    auto's fused function (its plain GEMMs of few tiles on cuBLAS; ``ours``, or ``ours_fused``
+    where auto took the small step) against it, > 1 where cuBLAS's GEMMs made it faster."""
+    pairs = []
+    for r in rows:
+        variant = "ours_fused" if "ours_fused" in r.get("variants", {}) else "ours"
+        if (x := ours_over(r, "ours_cute", variant)) is not None:
+            pairs.append((x, r["label"]))
+    if not pairs:
+        return []
+    return [f"  auto's fused function vs every GEMM on our kernels: {_spread(pairs)}"]
 
 
 def small_steps(rows: list[dict]) -> list[str]:
