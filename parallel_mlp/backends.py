@@ -18,7 +18,7 @@ so that the kernel chosen for the block is the whole GEMM's (cute; the torch bac
 ``torch`` is the reference and the fallback: cuBLAS (or the CPU matmul) plus the activation math of
 :mod:`parallel_mlp.activations`. ``cute`` runs the CuTe DSL kernels of ``parallel_mlp.kernels`` on
 sm_90. ``auto`` takes ``cute`` where it applies (as :class:`AutoBackend`: the CuTe kernels, but
-cuBLAS for the plain GEMMs with too few tiles to fill the GPU, see ``cublas_runs``) and
+cuBLAS for the plain GEMMs with too few tiles to fill the GPU, ``cublas_runs``) and
 otherwise ``torch``, saying why once at debug level.
 """
 
@@ -227,16 +227,24 @@ class CuteBackend:
 
 # ---- auto: the CuTe kernels, with cuBLAS for the plain GEMMs it runs faster -----------------
 
-# A plain GEMM (no activation) whose output has at most this many waves of 128x128 tiles over
-# the GPU's SMs runs on cuBLAS under backend="auto". Ours against cuBLAS for the four plain
-# GEMMs of a step (fc2, dx, the wgrads bf16 and accumulated into fp32) at the 30 shapes of the
-# sweep's grid, each a CUDA graph held 0.2 s x 4 (`python3 tools/plain_gemms.py`, H200,
-# 2026-12-03): all 36 GEMMs with up to 2.5 waves (330 tiles on 132 SMs) ran slower on ours,
-# 0.75-0.99x cuBLAS (fc2 and dx at T=512-4096: 0.75-0.95x; the wgrads of 64-96 tiles at
-# T=65536 in stream-K: 0.84-0.89x); from 2.67 waves ours ran 0.86-1.21x, faster at some (dW1
-# of 5632 x 1024 at K = 8192 and 65536: 1.05x and 1.13x). Ours keeps the fused ops, whose
+# A plain GEMM (no activation) whose output has at most CUBLAS_MAX_WAVES waves of 128x128 tiles
+# over the GPU's SMs, and at least CUBLAS_MIN_FLOP, runs on cuBLAS under backend="auto".
+# Ours against cuBLAS for the four plain GEMMs of a step (fc2, dx, the wgrads bf16 and
+# accumulated into fp32) at the 30 shapes of the sweep's grid, each a CUDA graph held 0.2 s x 4
+# (`python3 tools/plain_gemms.py`, H200, 2026-12-03, benchmarks/h200-plain-gemms.json): all 36
+# GEMMs with up to 2.5 waves (330 tiles on 132 SMs) ran slower on ours, 0.75-0.99x cuBLAS (fc2
+# and dx at T=512-4096: 0.75-0.95x; the wgrads of 64-96 tiles at T=65536 in stream-K:
+# 0.84-0.89x); from 2.67 waves ours ran 0.86-1.21x, faster at some (dW1 of 5632 x 1024 at K =
+# 8192 and 65536: 1.05x and 1.13x). Whole steps, auto's fused function against the same with
+# every GEMM on ours, held in one run (`bench sweep --all-cute --tokens 512,1000,2048,4096,65536`,
+# H200, 2026-12-03, on a slow host): 1.016-1.050x where the GEMMs so moved had 90-378 GFLOP
+# (T=1000 d=4096 swiglu 1.028x, T=65536 d=2048 h=704 1.048x, T=65536 d=1024 gelu h=1024 1.050x)
+# but 0.835-0.913x at the host-bound steps, whose moved GEMMs had 3-47 GFLOP (T=512, T=2048
+# d=2048, T=4096 d=1024): the GEMMs' time saved is less than the host's time the cuBLAS calls
+# cost there (not taken apart), so those stay on ours. Ours keeps the fused ops, whose
 # activation cuBLAS cannot run, and recompute's replay of fc1, which must give gemm_act's bits.
 CUBLAS_MAX_WAVES = 2.5
+CUBLAS_MIN_FLOP = 64e9
 
 _SM_COUNT: dict[int, int] = {}  # by CUDA device index
 
@@ -252,15 +260,16 @@ def _sm_count(device: torch.device) -> int:
     return _SM_COUNT[index]
 
 
-def cublas_runs(m: int, n: int, num_sms: int) -> bool:
-    """Whether auto runs a plain GEMM with an [m, n] output on cuBLAS: at most CUBLAS_MAX_WAVES
-    waves of 128x128 tiles over ``num_sms`` SMs."""
-    return -(-m // 128) * -(-n // 128) <= CUBLAS_MAX_WAVES * num_sms
+def cublas_runs(m: int, n: int, k: int, num_sms: int) -> bool:
+    """Whether auto runs a plain GEMM ([m, k] @ [k, n]) on cuBLAS: at most CUBLAS_MAX_WAVES
+    waves of 128x128 output tiles over ``num_sms`` SMs, and at least CUBLAS_MIN_FLOP."""
+    return (2 * m * n * k >= CUBLAS_MIN_FLOP
+            and -(-m // 128) * -(-n // 128) <= CUBLAS_MAX_WAVES * num_sms)
 
 
 class AutoBackend(CuteBackend):
-    """``backend="auto"`` where the CuTe kernels apply: ours, but cuBLAS for a plain GEMM with
-    too few tiles for our kernels (``cublas_runs``), as PyTorch's own matmul runs it (fp32
+    """``backend="auto"`` where the CuTe kernels apply: ours, but cuBLAS for a long plain GEMM
+    with too few tiles for our kernels (``cublas_runs``), as PyTorch's own matmul runs it (fp32
     accumulation; ``torch.backends.cuda.matmul`` settings apply). Into an fp32 main grad by
     cuBLAS's fp32-output addmm (``fp32_addmm_works``); a 16-bit gradient accumulated in place,
     or an output of another dtype than the operands', stays on ours (one rounding of the fp32
@@ -271,7 +280,7 @@ class AutoBackend(CuteBackend):
     @classmethod
     def _on_cublas(cls, a, b, out, out_dtype, accumulate, whole_rows) -> bool:
         m = a.shape[0] if whole_rows is None else whole_rows
-        if not cublas_runs(m, b.shape[1], _sm_count(a.device)):
+        if not cublas_runs(m, b.shape[1], a.shape[1], _sm_count(a.device)):
             return False
         if accumulate:
             return out.dtype == torch.float32 and fp32_addmm_works(out.device, a.dtype)
@@ -279,7 +288,7 @@ class AutoBackend(CuteBackend):
 
     @classmethod
     def transient_bytes(cls, m, n, k, device):
-        if cublas_runs(m, n, _sm_count(device)):
+        if cublas_runs(m, n, k, _sm_count(device)):
             return 0  # cuBLAS's workspace is allocated once per handle, not per call
         return super().transient_bytes(m, n, k, device)
 

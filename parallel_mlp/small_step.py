@@ -35,7 +35,16 @@ against eager's:
   0.99-1.01x at the three steps of 825, and 0.986-1.012x the small step's time there (the
   sweep of 7eb0e4b, 2026-12-03): a tie, so the threshold stayed. Eager's own non-gated step
   (one GEMM, one fused activation kernel each way) leaves the fused kernels less to win than
-  its gated one (a split, a cat, three elementwise kernels).
+  its gated one (a split, a cat, three elementwise kernels). Narrow steps (``in_features`` up
+  to ``NARROW_MAX_IN_FEATURES``) gain more from the fused activations, whose eager passes move
+  bytes in proportion to T x h against GEMM work in proportion to T x h x d: at T=8192 d=2048
+  h=4096 (825 GFLOP) the fused kernels read 0.986x and 0.983x the small step's time in two
+  sweeps, and at T=65536 d=1024 h=1024 (825 GFLOP), once its two weight gradients (1024 x
+  1024 over K = 65536: 64 tiles, 0.86x cuBLAS on ours) ran on cuBLAS (backends.cublas_runs),
+  0.975x and 0.947x (1.451 against 1.532 ms, eager 1.538; `bench sweep`, H200, 2026-12-03, slow
+  hosts); at T=4096 d=1024 h=4096 (206 GFLOP) the small step stayed ahead (0.608 against 0.900
+  ms on a slow host, 0.365 against 0.369 on a fast one). So such steps run fused from
+  ``MAX_FLOP_NARROW``.
 
 Only where nothing else is asked of the fused path: one rank (no collective to run or hide),
 default memory mode (``recompute=True`` promises to keep x alone), no fused gradient
@@ -58,6 +67,10 @@ from .activations import TORCH_MATH, Activation, interleaved_pairs
 # gated, just above the largest measured slower (825).
 MAX_FLOP_GATED = 0.3e12
 MAX_FLOP = 1.0e12
+# Not gated and at most this wide (in_features): fused from MAX_FLOP_NARROW, about the
+# geometric middle of the narrow steps measured slower fused (206 GFLOP) and faster (825).
+NARROW_MAX_IN_FEATURES = 2048
+MAX_FLOP_NARROW = 0.4e12
 # Gated steps whose small step would be a lean function (keeps_gate_and_up_alone, an activation
 # with gate ops): from the one such step measured, where the fused kernels were faster (213
 # GFLOP); below it none was measured, so the small step stays there.
@@ -85,7 +98,7 @@ def applies(rows: int, in_features: int, fc1_rows: int, hidden: int, out_feature
     is twice hidden; ``gate_ops``: the activation is ``a(g) * u`` with gate ops, so that its
     small step would be a lean function from one row per input feature)."""
     if fc1_rows == hidden:
-        limit = MAX_FLOP
+        limit = MAX_FLOP_NARROW if in_features <= NARROW_MAX_IN_FEATURES else MAX_FLOP
     elif keeps_gate_and_up_alone(rows, in_features, gate_ops):
         limit = MAX_FLOP_GATED_LEAN
     else:

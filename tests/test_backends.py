@@ -170,18 +170,21 @@ def test_ops_write_into_given_row_blocks_and_refuse_misfits():
         TorchBackend.gemm_dact(dy, w2, pre, "swiglu", out_postact=torch.empty(M, N))
 
 
-@pytest.mark.parametrize("m,n,num_sms,on_cublas", [
-    (1000, 4096, 132, True),     # 8 x 32 = 256 tiles: T=1000's fc2
-    (1000, 5120, 132, True),     # 320 tiles
-    (129, 165 * 128, 132, True),   # a row tail counts a whole row of tiles: 2 x 165 = 330
-    (129, 166 * 128, 132, False),  # 332
-    (4096, 1376, 132, False),    # 32 x 11 = 352 tiles
-    (8192, 1024, 132, False),
-    (128, 256, 1, True), (256, 256, 1, False),
-    (1, 1, 0, False),            # no SMs (not a CUDA device): never
+@pytest.mark.parametrize("m,n,k,num_sms,on_cublas", [
+    (1000, 4096, 11008, 132, True),    # 8 x 32 = 256 tiles, 90 GFLOP: T=1000's fc2
+    (1000, 5120, 10240, 132, True),    # 320 tiles
+    (2048, 704, 65536, 132, True),     # 96 tiles: T=65536's dW2 at h=704
+    (129, 165 * 128, 2 ** 20, 132, True),   # a row tail counts a whole row of tiles: 2 x 165 = 330
+    (129, 166 * 128, 2 ** 20, 132, False),  # 332
+    (4096, 1376, 8192, 132, False),    # 32 x 11 = 352 tiles
+    (8192, 1024, 2816, 132, False),
+    (2048, 2048, 5632, 132, False),    # 256 tiles but 47 GFLOP: T=2048's dx stays on ours
+    (512, 1024, 2816, 132, False),     # 3 GFLOP
+    (128, 256, 2 ** 21, 1, True), (256, 256, 2 ** 21, 1, False),
+    (2 ** 20, 1, 2 ** 20, 0, False),   # no SMs (not a CUDA device): never
 ])
-def test_cublas_runs_plain_gemms_of_at_most_two_and_a_half_waves(m, n, num_sms, on_cublas):
-    assert backends.cublas_runs(m, n, num_sms) is on_cublas
+def test_cublas_runs_long_plain_gemms_of_at_most_two_and_a_half_waves(m, n, k, num_sms, on_cublas):
+    assert backends.cublas_runs(m, n, k, num_sms) is on_cublas
 
 
 class _FakeKernels:
@@ -205,11 +208,12 @@ class _FakeKernels:
 
 @pytest.fixture
 def auto_on_one_sm(monkeypatch):
-    """AutoBackend on CPU tensors as if on a GPU of one SM (cuBLAS up to 2 tiles of 128x128),
-    its CuTe kernels faked."""
+    """AutoBackend on CPU tensors as if on a GPU of one SM (cuBLAS up to 2 tiles of 128x128,
+    at any FLOP), its CuTe kernels faked."""
     fake = _FakeKernels()
     monkeypatch.setattr(backends.CuteBackend, "_module", fake)
     monkeypatch.setattr(backends, "_sm_count", lambda device: 1)
+    monkeypatch.setattr(backends, "CUBLAS_MIN_FLOP", 0)
     return fake
 
 
@@ -295,6 +299,7 @@ def test_the_layer_on_auto_sends_only_its_plain_gemms_to_cublas(recompute, monke
     monkeypatch.setattr(backends.CuteBackend, "_module", fake)
     monkeypatch.setattr(backends.CuteBackend, "unsupported_reason", classmethod(lambda cls, *t: None))
     monkeypatch.setattr(backends, "_sm_count", lambda device: 10_000)
+    monkeypatch.setattr(backends, "CUBLAS_MIN_FLOP", 0)
     mm = []
     real_mm = torch.mm
     monkeypatch.setattr(torch, "mm", lambda a, b, **kw: mm.append(a.shape) or real_mm(a, b, **kw))

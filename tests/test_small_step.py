@@ -27,11 +27,14 @@ def test_step_flop_counts_six_gemms():
     assert small_step.step_flop(*SMALL.values()) == 3 * fwd
 
 
-@pytest.mark.parametrize("gated,limit", [(True, small_step.MAX_FLOP_GATED),
-                                         (False, small_step.MAX_FLOP)])
-def test_auto_takes_the_small_step_below_the_threshold_only(gated, limit):
-    """Gated without gate ops (no lean small step at any rows), and not gated."""
-    sizes = SMALL if gated else dict(SMALL, fc1_rows=2816)
+@pytest.mark.parametrize("gated,in_features,limit", [
+    (True, 1024, small_step.MAX_FLOP_GATED), (False, 4096, small_step.MAX_FLOP),
+    (False, 2048, small_step.MAX_FLOP_NARROW), (False, 2049, small_step.MAX_FLOP)])
+def test_auto_takes_the_small_step_below_the_threshold_only(gated, in_features, limit):
+    """Gated without gate ops (no lean small step at any rows), and not gated: wide, or narrow
+    (in_features up to NARROW_MAX_IN_FEATURES)."""
+    sizes = dict(SMALL, in_features=in_features)
+    sizes = sizes if gated else dict(sizes, fc1_rows=2816)
     assert applies(sizes, gate_ops=False)
     # The rows at which a step's FLOP reach the threshold, and one row either side.
     per_row = small_step.step_flop(1, *list(sizes.values())[1:])
@@ -43,7 +46,8 @@ def test_auto_takes_the_small_step_below_the_threshold_only(gated, limit):
 def test_thresholds_fall_between_the_measured_shapes():
     """bench sweep, H200: gated, 208 GFLOP (1/16 row per input feature) slower fused, 425
     faster; gated at one row per feature, where the small step is a lean function, 213 GFLOP
-    faster fused; not gated, 825 GFLOP slower fused, 3.3 TFLOP as fast."""
+    faster fused; not gated, 629 and 825 GFLOP slower fused or a tie at d >= 4096, 3.3 TFLOP
+    as fast; not gated at d <= 2048, 206 GFLOP slower fused, 825 faster."""
     swiglu = dict(in_features=1024, fc1_rows=5632, hidden=2816, out_features=1024)
     assert not applies(dict(rows=8192, **swiglu))  # 425 GFLOP
     t2048_d2048 = dict(rows=2048, in_features=2048, fc1_rows=5632, hidden=2816, out_features=2048)
@@ -55,8 +59,18 @@ def test_thresholds_fall_between_the_measured_shapes():
                         out_features=8192))  # 208 GFLOP, 1/16 row per feature
     assert not applies(dict(rows=1000, in_features=4096, fc1_rows=22016, hidden=11008,
                             out_features=4096))
+    # not gated, narrow (in_features <= 2048): 206 GFLOP slower fused, 825 faster (two shapes)
     gelu = dict(in_features=1024, fc1_rows=1024, hidden=1024, out_features=1024)
-    assert applies(dict(rows=65536, **gelu))
+    assert not applies(dict(rows=65536, **gelu))
+    assert applies(dict(rows=4096, in_features=1024, fc1_rows=4096, hidden=4096,
+                        out_features=1024))
+    assert not applies(dict(rows=8192, in_features=2048, fc1_rows=4096, hidden=4096,
+                            out_features=2048))
+    # not gated, wider: 629 and 825 GFLOP a tie, the small step kept
+    assert applies(dict(rows=8192, in_features=4096, fc1_rows=2048, hidden=2048,
+                        out_features=4096))
+    assert applies(dict(rows=1000, in_features=5120, fc1_rows=10240, hidden=10240,
+                        out_features=5120))
     assert not applies(dict(rows=16384, in_features=5120, fc1_rows=2560, hidden=2560,
                             out_features=5120))
 
