@@ -506,3 +506,21 @@ def test_step_peak_is_the_variants_own():
     # What the step asks for: dW1, dW2, dx and the activations' gradients, at least.
     assert asked * 2 ** 30 >= (2 * h * d + d * h + tokens * d) * 2
     assert first["peak_over_start_gb"] >= asked
+
+
+def test_the_fused_variant_runs_the_fused_function_where_auto_would_take_the_small_step(monkeypatch):
+    """ours_fused (bench.models.FusedParallelMLP) is auto's fused path at every size: the same
+    function ParallelMLP runs above the small-step thresholds, with the same values."""
+    from parallel_mlp import small_step
+    from parallel_mlp.bench.models import FusedParallelMLP, build_parallel_mlp
+
+    monkeypatch.setattr(small_step, "applies", lambda *a, **kw: True)
+    torch.manual_seed(0)
+    w1, w2 = torch.randn(64, 16), torch.randn(16, 32)
+    x = torch.randn(5, 16, requires_grad=True)
+    plain = build_parallel_mlp(w1, w2, "swiglu", 32)
+    fused = build_parallel_mlp(w1, w2, "swiglu", 32, cls=FusedParallelMLP)
+    y_small, y_fused = plain(x), fused(x)
+    assert type(y_fused.grad_fn).__name__.startswith("ParallelMLPFunction")
+    assert not type(y_small.grad_fn).__name__.startswith("ParallelMLPFunction")
+    torch.testing.assert_close(y_fused, y_small)

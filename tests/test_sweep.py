@@ -176,6 +176,12 @@ def test_variants_follow_the_flags():
                                     "ours_graphed", "compile", "quack", "eager_copy"]
     args = sweep.parse_args(["--ceiling", "--no-eager-recompute"])
     assert sweep.variants(args)[:4] == ["eager", "ours", "ours_recompute", "gemm_ceiling"]
+    args = sweep.parse_args(["--all-cute", "--skip-compile", "--no-quack"])
+    assert sweep.variants(args)[:5] == ["eager", "ours", "ours_recompute", "eager_recompute",
+                                        "ours_cute"]
+    # on cute, ours already is every GEMM on our kernels
+    args = sweep.parse_args(["--all-cute", "--backend", "cute"])
+    assert "ours_cute" not in sweep.variants(args)
 
 
 def test_the_summary_states_the_gemm_bound_and_ours_against_it():
@@ -365,6 +371,22 @@ def test_summary_names_the_shapes_where_the_torch_backend_wins():
             "at 1: T=512 d=1024 gelu_tanh_approx") in text
     assert "(0.800x)" in text
     assert "cute vs the torch backend" not in sweep_report.format_sweep(fake_results())
+
+
+def test_summary_holds_autos_fused_function_against_every_gemm_on_ours():
+    """--all-cute: auto's fused function (ours, or ours_fused where auto took the small step)
+    against the same function with every GEMM on our kernels."""
+    results = fake_results()
+    rows = results["rows"]
+    rows[0]["variants"]["ours_cute"] = {"ms": 10.5}       # ours 10.0: 1.05x
+    rows[2]["variants"]["ours_fused"] = {"ms": 0.4}       # the small step's row: fused 0.4
+    rows[2]["variants"]["ours_cute"] = {"ms": 0.36}       # 0.9x
+    text = sweep_report.format_sweep(results)
+    assert "ours, every GEMM on our kernels" in text
+    assert ("auto's fused function vs every GEMM on our kernels: geomean 0.972x   worst 0.900x "
+            "(T=512 d=1024") in text
+    assert "best 1.050x (T=8192 d=4096" in text and "2 shapes" in text
+    assert "every GEMM on our kernels:" not in sweep_report.format_sweep(fake_results())
 
 
 def test_small_step_rows_show_the_fused_kernels_beside_them():

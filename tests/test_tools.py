@@ -207,3 +207,17 @@ def test_host_stub_paired_runs_two_revisions_side_by_side(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines[1:]] == ["fwd+bwd", "forward", "fwd+bwd", "forward"]
     assert all(line.rstrip().endswith("x") for line in lines[1:])
+
+
+def test_plain_gemms_graphs_about_two_milliseconds_of_work_per_replay(monkeypatch):
+    """tools/plain_gemms.py: each graph holds enough calls (1 to 20) for ~2 ms at ~600 TFLOP/s,
+    so that short GEMMs are timed as kernels, not launches; it needs a GPU to run."""
+    monkeypatch.syspath_prepend(str(TOOLS))
+    import plain_gemms
+
+    assert plain_gemms.calls_per_graph(2 * 512 * 1024 * 2816) == 20       # 3 GFLOP: capped
+    assert plain_gemms.calls_per_graph(2 * 8192 * 4096 * 14336) == 1      # 962 GFLOP
+    assert plain_gemms.calls_per_graph(2 * 1024 * 1024 * 65536) == 9      # 137 GFLOP
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+            plain_gemms.main(["--tokens", "512"])

@@ -60,6 +60,8 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", default=None, help="comma-separated T values to keep")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("tools/plain_gemms.py needs a CUDA GPU")
 
     from parallel_mlp.bench.sweep_grid import GRID
     from parallel_mlp.bench.timing import graphed, median_ms_held
