@@ -279,8 +279,13 @@ class AutoBackend(CuteBackend):
 
     @classmethod
     def _on_cublas(cls, a, b, out, out_dtype, accumulate, whole_rows) -> bool:
+        # Below the FLOP floor first, from the sizes alone: that is every GEMM of a host-bound
+        # step, where each microsecond of Python counts (the whole rule: ~3 us on a 2-core VM).
+        n = b.shape[1]
+        if 2 * n * (a.numel() if whole_rows is None else whole_rows * a.shape[1]) < CUBLAS_MIN_FLOP:
+            return False
         m = a.shape[0] if whole_rows is None else whole_rows
-        if not cublas_runs(m, b.shape[1], a.shape[1], _sm_count(a.device)):
+        if not cublas_runs(m, n, a.shape[1], _sm_count(a.device)):
             return False
         if accumulate:
             return out.dtype == torch.float32 and fp32_addmm_works(out.device, a.dtype)
