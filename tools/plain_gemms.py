@@ -1,13 +1,14 @@
 """The MLP's plain GEMMs, ours against cuBLAS, at every shape of the sweep's grid (a GPU is needed).
 
-    python3 tools/plain_gemms.py [--hold-s 0.2] [--rounds 4] [--json FILE]
+    python3 tools/plain_gemms.py [--hold-s 0.2] [--rounds 4] [--tokens 512,1000] [--no-graph] [--json FILE]
 
 Of a step's six GEMMs, four carry no activation: fc2 (postact @ W2.T), dx (dpreact @ W1) and the
 two weight gradients, bf16 in the default mode or accumulated into an fp32 main grad
 (fuse_grad_accum). cuBLAS can run those as well as our kernels can; which is faster depends on
 the shape (few tiles, short K). This times both for each of them at the grid's 30 shapes, each
 as a CUDA graph of back-to-back calls (the kernels alone: at a few tens of microseconds a call,
-the host would bound an ungraphed loop), held in turns (`median_ms_held`), and prints ours /
+the host would bound an ungraphed loop; ``--no-graph`` times the calls from Python instead,
+their launches' host time included), held in turns (`median_ms_held`), and prints ours /
 cuBLAS per GEMM with our default config's tiles, so that a rule for which library runs which
 GEMM can be read off it. Our kernels for the grid compile ahead in a pool first.
 """
@@ -23,7 +24,8 @@ import torch
 
 
 def gemm_cases(T, d, h, act, dtype=torch.bfloat16, scale=0.02):
-    """(name, M, N, K, cuBLAS fn, ours fn) for the step's plain GEMMs at one shape."""
+    """(name, M, N, K, cuBLAS fn, ours fn) for the step's plain GEMMs at one shape; ours as the
+    layer calls it (operands checked once beforehand, ``checked=True``)."""
     from parallel_mlp.activations import get_activation
     from parallel_mlp.kernels import ops
 
@@ -36,14 +38,14 @@ def gemm_cases(T, d, h, act, dtype=torch.bfloat16, scale=0.02):
         return torch.addmm(out, a, b, out_dtype=torch.float32, out=out)
 
     return [
-        ("fc2", T, d, h, lambda: post @ w2.t(), lambda: ops.gemm(post, w2.t())),
-        ("dx", T, d, F, lambda: dpre @ w1, lambda: ops.gemm(dpre, w1)),
-        ("dW2", d, h, T, lambda: dy.t() @ post, lambda: ops.gemm(dy.t(), post)),
-        ("dW1", F, d, T, lambda: dpre.t() @ x, lambda: ops.gemm(dpre.t(), x)),
+        ("fc2", T, d, h, lambda: post @ w2.t(), lambda: ops.gemm(post, w2.t(), checked=True)),
+        ("dx", T, d, F, lambda: dpre @ w1, lambda: ops.gemm(dpre, w1, checked=True)),
+        ("dW2", d, h, T, lambda: dy.t() @ post, lambda: ops.gemm(dy.t(), post, checked=True)),
+        ("dW1", F, d, T, lambda: dpre.t() @ x, lambda: ops.gemm(dpre.t(), x, checked=True)),
         ("dW2+=", d, h, T, lambda: addmm(dy.t(), post, mg2),
-         lambda: ops.gemm(dy.t(), post, out=mg2, accumulate=True)),
+         lambda: ops.gemm(dy.t(), post, out=mg2, accumulate=True, checked=True)),
         ("dW1+=", F, d, T, lambda: addmm(dpre.t(), x, mg1),
-         lambda: ops.gemm(dpre.t(), x, out=mg1, accumulate=True)),
+         lambda: ops.gemm(dpre.t(), x, out=mg1, accumulate=True, checked=True)),
     ]
 
 
@@ -58,6 +60,9 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1))
     p.add_argument("--tokens", default=None, help="comma-separated T values to keep")
+    p.add_argument("--no-graph", action="store_true",
+                   help="call each GEMM from Python, back to back, no CUDA graph: its launch's host "
+                        "time included (what a host-bound step pays per GEMM)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -86,8 +91,8 @@ def main(argv=None) -> int:
         for name, M, N, K, ref, ours in gemm_cases(s.tokens, s.d, s.shard, s.act):
             kind = "accumulate" if name.endswith("+=") else "store"
             cfg = default_config(M, N, K, num_sms, kind)
-            calls = calls_per_graph(2.0 * M * N * K)
-            fns = [graphed(ref, calls), graphed(ours, calls)]
+            calls = 1 if args.no_graph else calls_per_graph(2.0 * M * N * K)
+            fns = [ref, ours] if args.no_graph else [graphed(ref, calls), graphed(ours, calls)]
             t_ref, t_ours = (t / calls for t in median_ms_held(fns, hold_s=args.hold_s,
                                                                 rounds=args.rounds, warmup=2))
             row = dict(label=s.label, tokens=s.tokens, d=s.d, h=s.shard, act=s.act, gemm=name,
@@ -99,7 +104,7 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
     if args.json:
         meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
-                    hold_s=args.hold_s, rounds=args.rounds,
+                    hold_s=args.hold_s, rounds=args.rounds, graphed=not args.no_graph,
                     started=time.strftime("%Y-%m-%d %H:%M:%S"), argv=argv)
         with open(args.json, "w") as f:
             json.dump(dict(meta=meta, rows=rows), f, indent=1)
