@@ -53,6 +53,8 @@
 #     plain_gemms    tools/plain_gemms.py: the four GEMMs of a step without an activation (fc2, dx,
 #                    the wgrads bf16 and accumulated into fp32), ours against cuBLAS at the sweep's
 #                    30 shapes, CUDA-graphed and held 0.2 s x 4; a JSON (~6 min, a call of its own)
+#     plain_gemms_host the same at the host-bound shapes (T = 512, 2048, 4096), called from Python
+#                    without graphs: each GEMM's launch host time included (~1.5 min)
 #     gemm           the MLP's GEMMs and fused ops against cuBLAS, three configs (~5 min)
 #     mlp            the whole MLP fwd+bwd against eager (no torch.compile, no cold start)
 #     sweep          the shape sweep: 30 shapes, ours (backend='auto', the fused kernels timed
@@ -124,6 +126,7 @@ declare -A CMD=(
   [configs_swap]="timeout 200 python3 tools/pytest_shards.py 12 -m gpu tests/kernels/test_dact_pair_swap_gpu.py; for s in '8192 1024 2816' '65536 1024 2816' '8192 2048 5632' '65536 2048 704' '8192 4096 1376' '8192 4096 14336'; do set -- \$s; timeout 100 $BENCH configs --hold-s 0.5 --rounds 4 --also dact_pair_swap=0 --also consumers=cooperative,tile_n=128,cluster_m=1,raster_group=8,dact_prefetch=1,epi_n=32 --also consumers=cooperative,tile_n=128,cluster_m=1,raster_group=8,dact_prefetch=1,epi_n=32,dact_pair_swap=0 --T \$1 --d \$2 --h \$3 --act swiglu --only dpost; done"
   [configs_ring]="timeout 200 python3 tools/pytest_shards.py 12 -m gpu tests/kernels/test_ops_gpu.py -k dact_in_place; for s in '8192 1024 2816 swiglu' '65536 1024 2816 swiglu' '65536 1024 1024 gelu_tanh_approx'; do set -- \$s; timeout 100 $BENCH configs --hold-s 0.4 --rounds 4 --also dact_prefetch=2 --also dact_prefetch=3 --also dact_prefetch=3,epi_n=16 --T \$1 --d \$2 --h \$3 --act \$4 --only dpost; done; for s in '8192 2048 5632 swiglu' '65536 2048 704 swiglu' '8192 4096 1376 swiglu' '8192 4096 14336 swiglu' '8192 2048 4096 gelu_tanh_approx' '8192 4096 2048 gelu_tanh_approx'; do set -- \$s; timeout 100 $BENCH configs --hold-s 0.4 --rounds 4 --also consumers=cooperative,tile_n=128,raster_group=8,epi_n=32,dact_prefetch=3,cluster_m=1 --also consumers=cooperative,tile_n=128,raster_group=8,epi_n=32,dact_prefetch=3,cluster_m=2,raster_group=16 --T \$1 --d \$2 --h \$3 --act \$4 --only dpost; done"
   [plain_gemms]="timeout 580 python3 tools/plain_gemms.py --json $OUT/plain_gemms.json"
+  [plain_gemms_host]="timeout 200 python3 tools/plain_gemms.py --tokens 512,2048,4096 --no-graph --json $OUT/plain_gemms_host.json"
   [gemm]="timeout 500 $BENCH gemm --budget-s 420 --json $OUT/gemm.json"
   [mlp]="timeout 200 $BENCH mlp --skip-compile --iters 15 --warmup 3 --budget-s 170 --json $OUT/mlp.json"
   [sweep]="timeout 580 $BENCH sweep --json $OUT/sweep.json --png $OUT/sweep.png"
@@ -146,7 +149,7 @@ declare -A CMD=(
   [ncu_smem]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 6 --launch-count 6 --metrics l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum,smsp__inst_executed_op_shared_ld.sum,smsp__inst_executed_op_shared_st.sum,smsp__inst_executed_op_global_ld.sum,smsp__average_warp_latency_issue_stalled_long_scoreboard.ratio,smsp__average_warp_latency_issue_stalled_barrier.ratio,smsp__average_warp_latency_issue_stalled_wait.ratio $BENCH ncu-cases --short-k-dact"
   [ncu_dact]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 6 --launch-count 6 --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section Occupancy --section ComputeWorkloadAnalysis --section InstructionStats $BENCH ncu-cases --short-k-dact"
 )
-ORDER=(tests_kernels tests_layer tests_defaults tests_all streamk streamk_fill configs_small configs_wave configs_mid configs_long_k configs_dact configs_swap configs_ring plain_gemms gemm mlp sweep sweep_ceiling sweep_small sweep_graphed tp tp_sp profile small_step_variants timing_spread host_step host_stages host_env host_phases cold clock full ncu ncu_dact ncu_smem)
+ORDER=(tests_kernels tests_layer tests_defaults tests_all streamk streamk_fill configs_small configs_wave configs_mid configs_long_k configs_dact configs_swap configs_ring plain_gemms plain_gemms_host gemm mlp sweep sweep_ceiling sweep_small sweep_graphed tp tp_sp profile small_step_variants timing_spread host_step host_stages host_env host_phases cold clock full ncu ncu_dact ncu_smem)
 
 steps=("$@")
 if [ ${#steps[@]} -eq 0 ]; then
