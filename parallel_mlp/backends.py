@@ -246,18 +246,14 @@ class CuteBackend:
 CUBLAS_MAX_WAVES = 2.5
 CUBLAS_MIN_FLOP = 64e9
 
-_SM_COUNT: dict[int, int] = {}  # by CUDA device index
-
-
 def _sm_count(device: torch.device) -> int:
-    """The SMs of a CUDA device; 0 for any other (the CuTe path on a CPU tensor exists only
-    where tests or the host-time stub fake it: nothing goes to cuBLAS there)."""
+    """The SMs of a CUDA device (the kernels' own cached count); 0 for any other (the CuTe path
+    on a CPU tensor exists only where tests or the host-time stub fake it: nothing goes to
+    cuBLAS there)."""
     if device.type != "cuda":
         return 0
     index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SM_COUNT:
-        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _SM_COUNT[index]
+    return CuteBackend._ops()._num_sms(index)
 
 
 def cublas_runs(m: int, n: int, k: int, num_sms: int) -> bool:
@@ -294,7 +290,7 @@ class AutoBackend(CuteBackend):
     @classmethod
     def transient_bytes(cls, m, n, k, device):
         if cublas_runs(m, n, k, _sm_count(device)):
-            return 0  # cuBLAS's workspace is allocated once per handle, not per call
+            return TorchBackend.transient_bytes(m, n, k, device)
         return super().transient_bytes(m, n, k, device)
 
     @classmethod
