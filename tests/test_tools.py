@@ -218,6 +218,19 @@ def test_plain_gemms_graphs_about_two_milliseconds_of_work_per_replay(monkeypatc
     assert plain_gemms.calls_per_graph(2 * 512 * 1024 * 2816) == 20       # 3 GFLOP: capped
     assert plain_gemms.calls_per_graph(2 * 8192 * 4096 * 14336) == 1      # 962 GFLOP
     assert plain_gemms.calls_per_graph(2 * 1024 * 1024 * 65536) == 9      # 137 GFLOP
+    # fc2, dx and the two wgrads (bf16 and into fp32), with the layer's layouts; no fused op
+    cases = plain_gemms.plain_cases(512, 1024, 2816, "swiglu")
+    assert [(c.m, c.n, c.k, c.a_t, c.b_t, c.accumulate) for c in cases] == [
+        (512, 1024, 2816, False, True, False), (512, 1024, 5632, False, False, False),
+        (1024, 2816, 512, True, False, False), (5632, 1024, 512, True, False, False),
+        (1024, 2816, 512, True, False, True), (5632, 1024, 512, True, False, True)]
+    # cuBLAS's side, on the CPU here: the case's product, and into an fp32 main grad
+    small = plain_gemms.plain_cases(16, 32, 48, "swiglu")
+    ref, _ = plain_gemms.gemm_fns(small[2], dtype=torch.float32, device="cpu")
+    assert ref().shape == (32, 48)
+    ref, _ = plain_gemms.gemm_fns(small[-1], dtype=torch.float32, device="cpu")
+    once = ref().clone()
+    torch.testing.assert_close(ref(), 2 * once)
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit, match="needs a CUDA GPU"):
             plain_gemms.main(["--tokens", "512"])

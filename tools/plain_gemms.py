@@ -23,30 +23,32 @@ import time
 import torch
 
 
-def gemm_cases(T, d, h, act, dtype=torch.bfloat16, scale=0.02):
-    """(name, M, N, K, cuBLAS fn, ours fn) for the step's plain GEMMs at one shape; ours as the
-    layer calls it (operands checked once beforehand, ``checked=True``)."""
-    from parallel_mlp.activations import get_activation
+def plain_cases(T, d, h, act):
+    """The step's GEMMs without an activation, as the layer lays them out (the bench's
+    mlp_gemm_cases, less fc1's forward and fc2's dgrad, which run as fused ops)."""
+    from parallel_mlp.bench.gemms import mlp_gemm_cases
+
+    return [c for c in mlp_gemm_cases(T, d, act, h)
+            if not c.name.startswith(("fc1 fwd", "fc2 dgrad"))]
+
+
+def gemm_fns(case, dtype=torch.bfloat16, scale=0.02, device="cuda"):
+    """(cuBLAS fn, ours fn) for one case on random operands; ours as the layer calls it (operands
+    checked once beforehand, ``checked=True``), cuBLAS as the torch backend does (an fp32 main
+    grad by one addmm where this torch has it)."""
+    from types import SimpleNamespace
+
+    from parallel_mlp.backends import TorchBackend
+    from parallel_mlp.bench.gemms import make_operand
     from parallel_mlp.kernels import ops
 
-    F = 2 * h if get_activation(act).gated else h
-    r = lambda *s: torch.randn(*s, device="cuda", dtype=dtype) * scale  # noqa: E731
-    x, w1, w2, post, dy, dpre = r(T, d), r(F, d), r(d, h), r(T, h), r(T, d), r(T, F)
-    mg1, mg2 = torch.zeros(F, d, device="cuda"), torch.zeros(d, h, device="cuda")
-
-    def addmm(a, b, out):
-        return torch.addmm(out, a, b, out_dtype=torch.float32, out=out)
-
-    return [
-        ("fc2", T, d, h, lambda: post @ w2.t(), lambda: ops.gemm(post, w2.t(), checked=True)),
-        ("dx", T, d, F, lambda: dpre @ w1, lambda: ops.gemm(dpre, w1, checked=True)),
-        ("dW2", d, h, T, lambda: dy.t() @ post, lambda: ops.gemm(dy.t(), post, checked=True)),
-        ("dW1", F, d, T, lambda: dpre.t() @ x, lambda: ops.gemm(dpre.t(), x, checked=True)),
-        ("dW2+=", d, h, T, lambda: addmm(dy.t(), post, mg2),
-         lambda: ops.gemm(dy.t(), post, out=mg2, accumulate=True, checked=True)),
-        ("dW1+=", F, d, T, lambda: addmm(dpre.t(), x, mg1),
-         lambda: ops.gemm(dpre.t(), x, out=mg1, accumulate=True, checked=True)),
-    ]
+    ctx = SimpleNamespace(rand=lambda *shape: (torch.randn(*shape, device=device) * scale).to(dtype))
+    a, b = make_operand(ctx, case.m, case.k, case.a_t), make_operand(ctx, case.k, case.n, case.b_t)
+    if not case.accumulate:
+        return (lambda: torch.mm(a, b)), (lambda: ops.gemm(a, b, checked=True))
+    main_grad = torch.zeros(case.m, case.n, device=device)
+    return ((lambda: TorchBackend.gemm(a, b, out=main_grad, accumulate=True)),
+            (lambda: ops.gemm(a, b, out=main_grad, accumulate=True, checked=True)))
 
 
 def calls_per_graph(flop: float) -> int:
@@ -85,12 +87,13 @@ def main(argv=None) -> int:
     print(f"compiled {ok}/{len(keys)} kernels ahead in {time.monotonic() - t0:.0f} s", flush=True)
 
     rows = []
-    print(f"{'shape':44s} {'gemm':6s} {'M':>6s} {'N':>6s} {'K':>6s} {'config':34s} "
+    print(f"{'shape':44s} {'gemm':22s} {'M':>6s} {'N':>6s} {'K':>6s} {'config':34s} "
           f"{'cuBLAS ms':>9s} {'ours ms':>9s} {'ours/cuBLAS':>11s}", flush=True)
     for s in shapes:
-        for name, M, N, K, ref, ours in gemm_cases(s.tokens, s.d, s.shard, s.act):
-            kind = "accumulate" if name.endswith("+=") else "store"
-            cfg = default_config(M, N, K, num_sms, kind)
+        for case in plain_cases(s.tokens, s.d, s.shard, s.act):
+            name, M, N, K = case.name, case.m, case.n, case.k
+            ref, ours = gemm_fns(case)
+            cfg = default_config(M, N, K, num_sms, "accumulate" if case.accumulate else "store")
             calls = 1 if args.no_graph else calls_per_graph(2.0 * M * N * K)
             fns = [ref, ours] if args.no_graph else [graphed(ref, calls), graphed(ours, calls)]
             t_ref, t_ours = (t / calls for t in median_ms_held(fns, hold_s=args.hold_s,
@@ -99,7 +102,7 @@ def main(argv=None) -> int:
                        M=M, N=N, K=K, config=cfg.key, calls=calls, cublas_ms=t_ref, ours_ms=t_ours,
                        speed=t_ref / t_ours)
             rows.append(row)
-            print(f"{s.label[:44]:44s} {name:6s} {M:6d} {N:6d} {K:6d} {cfg.key[:34]:34s} "
+            print(f"{s.label[:44]:44s} {name:22s} {M:6d} {N:6d} {K:6d} {cfg.key[:34]:34s} "
                   f"{t_ref:9.4f} {t_ours:9.4f} {t_ref / t_ours:11.3f}", flush=True)
         torch.cuda.empty_cache()
     if args.json:
