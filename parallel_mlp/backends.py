@@ -283,8 +283,9 @@ class AutoBackend(CuteBackend):
         m = a.shape[0] if whole_rows is None else whole_rows
         if not cublas_runs(m, n, a.shape[1], _sm_count(a.device)):
             return False
-        if accumulate:
-            return out.dtype == torch.float32 and fp32_addmm_works(out.device, a.dtype)
+        if accumulate:  # without out, ours says what is missing
+            return (out is not None and out.dtype == torch.float32
+                    and fp32_addmm_works(out.device, a.dtype))
         return (out_dtype or (out.dtype if out is not None else a.dtype)) == a.dtype
 
     @classmethod

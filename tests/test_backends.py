@@ -319,3 +319,22 @@ def test_the_layer_on_auto_sends_only_its_plain_gemms_to_cublas(recompute, monke
     for ours, want in ((x1.grad, x2.grad), (mlp.fc1.weight.grad, ref.fc1.weight.grad),
                        (mlp.fc2.weight.grad, ref.fc2.weight.grad)):
         torch.testing.assert_close(ours, want)
+
+
+def test_auto_accumulate_without_out_says_so(auto_on_one_sm, monkeypatch):
+    """A GEMM cuBLAS would take, asked to accumulate with no buffer: the kernels' clear error."""
+    from parallel_mlp.kernels import ops
+
+    monkeypatch.setattr(backends.CuteBackend, "_module", ops)
+    a, b = torch.randn(100, 64, dtype=torch.bfloat16), torch.randn(64, 256, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="accumulate=True needs out="):
+        backends.AutoBackend.gemm(a, b, accumulate=True)
+
+
+def test_sm_count_is_the_kernels_count_on_cuda_and_none_elsewhere(monkeypatch):
+    from parallel_mlp.kernels import ops
+
+    monkeypatch.setattr(backends.CuteBackend, "_module", ops)
+    monkeypatch.setattr(ops, "_num_sms", lambda index: 114 + index)
+    assert backends._sm_count(torch.device("cuda", 1)) == 115
+    assert backends._sm_count(torch.device("cpu")) == 0
