@@ -17,6 +17,27 @@ import torch
 from .backends import resolve
 
 
+def accumulation_buffer(weight: torch.Tensor, fuse: bool) -> torch.Tensor | None:
+    """The buffer ``weight``'s gradient GEMM accumulates into in place (its ``main_grad``, else an
+    existing ``.grad``), or None for a fresh gradient."""
+    if fuse:
+        main_grad = getattr(weight, "main_grad", None)
+        if main_grad is not None:
+            return main_grad
+        if weight.grad is not None:
+            return weight.grad
+    return None
+
+
+def after_accumulating(weight: torch.Tensor, buffer: torch.Tensor):
+    """What autograd receives for ``weight`` once its gradient went into ``buffer``."""
+    if buffer is getattr(weight, "main_grad", None) and hasattr(weight, "grad_added_to_main_grad"):
+        weight.grad_added_to_main_grad = True
+        make = torch.zeros if getattr(weight, "zero_out_wgrad", False) else torch.empty
+        return make(weight.shape, dtype=weight.dtype, device=weight.device)
+    return None
+
+
 def weight_grad(ops, backend: str, a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor,
                 fuse: bool):
     """Run ``a @ b`` as ``weight``'s gradient; returns what autograd should receive for it.
@@ -25,21 +46,8 @@ def weight_grad(ops, backend: str, a: torch.Tensor, b: torch.Tensor, weight: tor
     buffer, the backend is resolved again with that buffer among the operands, since a kernel
     that can read ``a`` and ``b`` may still not accumulate into that buffer's dtype.
     """
-
-    def gemm(a, b, out=None, **kw):
-        target = ops if out is None else resolve(backend, a, b, out)
-        return target.gemm(a, b, out=out, **kw)
-
-    if fuse:
-        main_grad = getattr(weight, "main_grad", None)
-        if main_grad is not None:
-            gemm(a, b, out=main_grad, accumulate=True)
-            if hasattr(weight, "grad_added_to_main_grad"):
-                weight.grad_added_to_main_grad = True
-                make = torch.zeros if getattr(weight, "zero_out_wgrad", False) else torch.empty
-                return make(weight.shape, dtype=weight.dtype, device=weight.device)
-            return None
-        if weight.grad is not None:
-            gemm(a, b, out=weight.grad, accumulate=True)
-            return None
-    return gemm(a, b, out_dtype=weight.dtype)
+    buffer = accumulation_buffer(weight, fuse)
+    if buffer is None:
+        return ops.gemm(a, b, out_dtype=weight.dtype)
+    resolve(backend, a, b, buffer).gemm(a, b, out=buffer, accumulate=True)
+    return after_accumulating(weight, buffer)
