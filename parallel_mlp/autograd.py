@@ -38,7 +38,8 @@ import torch
 
 from .activations import Activation
 from .backends import TorchBackend, resolve
-from .grad_accum import weight_grad
+from .grad_accum import accumulation_buffer, after_accumulating, weight_grad
+from .launch_graphs import GRAPHS, tensor_key
 from . import overlap as overlap_mod
 from .tp import Pending, TPGroup, all_gather_rows, all_reduce, reduce_scatter_rows
 
@@ -134,6 +135,140 @@ def _fc2(ops, postact, w2c, tp, sp, overlap):
     return y
 
 
+def _in_groups(ops, tp, sp: bool, overlap: bool, x2d, b1c, b2c) -> bool:
+    """Whether this call runs its launches in groups that ``launch_graphs.GRAPHS`` may replay:
+    one rank (no collective between launches), no biases (their sums are torch ops), on the
+    CuTe kernels, on the current device, while their configs are the rule's."""
+    if (tp.size != 1 or sp or overlap or b1c is not None or b2c is not None
+            or ops is TorchBackend or not GRAPHS.enabled or not x2d.is_cuda):
+        return False
+    kernels = ops._ops()
+    return kernels._config_rewrite is None and x2d.device.index == kernels._current_device()
+
+
+def _site(phase: str, ops, x2d, *more) -> tuple:
+    """A launch group's site: what it runs, on which stream, without its tensors' addresses."""
+    index = x2d.device.index
+    return (phase, ops, index, ops._ops()._stream_handle(index)) + more
+
+
+def _forward_in_groups(ops, x2d, w1c, w2c, act: Activation, store_preact: bool):
+    """(preact or None, y) of fc1 and fc2 as one launch group, their outputs made first."""
+    rows, features = x2d.shape[0], w1c.shape[0]
+    preact = x2d.new_empty(rows, features) if store_preact else None
+    postact = x2d.new_empty(rows, features // 2 if act.gated else features)
+    y = x2d.new_empty(rows, w2c.shape[0])
+    w1t, w2t = w1c.t(), w2c.t()
+
+    def launches():
+        ops.gemm_act(x2d, w1t, act.name, store_preact=store_preact, out_preact=preact,
+                     out_postact=postact)
+        ops.gemm(postact, w2t, out=y)
+
+    if ops.on_cublas(postact, w2t, y):  # cuBLAS's bits under capture are cuBLAS's to choose
+        launches()
+        return preact, y
+    site = _site("forward", ops, x2d, act.name, store_preact)
+    GRAPHS.run(site, (site, tensor_key(x2d), tensor_key(w1c), tensor_key(w2c),
+                      0 if preact is None else preact.data_ptr(), postact.data_ptr(),
+                      y.data_ptr()), launches, x2d.device)
+    return preact, y
+
+
+def _run_gemms(phase: str, gemms, device) -> None:
+    """Plain GEMMs ``[(ops, a, b, out, accumulate), ...]`` as one launch group, or launch by
+    launch where one of them runs on cuBLAS or the torch backend."""
+
+    def launches():
+        for target, a, b, out, accumulate in gemms:
+            target.gemm(a, b, out=out, accumulate=accumulate)
+
+    if any(t is TorchBackend or t.on_cublas(a, b, out, acc) for t, a, b, out, acc in gemms):
+        launches()
+        return
+    site = _site(phase, gemms[0][0], gemms[0][1], tuple((t, acc) for t, _, _, _, acc in gemms))
+    key = (site,) + tuple(tensor_key(t) for _, a, b, out, _ in gemms for t in (a, b, out))
+    GRAPHS.run(site, key, launches, device)
+
+
+def _weight_grad_gemm(ops, backend: str, a, b, weight, fuse: bool):
+    """(the GEMM of weight's gradient as ``_run_gemms`` takes it, a function that returns what
+    autograd receives for weight once it ran): into main_grad or .grad in place, or into a
+    fresh gradient made here."""
+    buffer = accumulation_buffer(weight, fuse)
+    if buffer is None:
+        out = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device)
+        return (ops, a, b, out, False), lambda: out
+    return ((resolve(backend, a, b, buffer), a, b, buffer, True),
+            lambda: after_accumulating(weight, buffer))
+
+
+def _backward_in_groups(ops, backend: str, fuse: bool, dy2d, x2d, w1c, w2c, held: list,
+                        act: Activation, weights, need_x: bool, need_w1: bool, need_w2: bool):
+    """(dx or None, what autograd receives for W1 and for W2) in launch groups: [fc1's replay
+    and] the dact; fc2's weight gradient; fc1's weight gradient and dx (one group, or one each
+    where either GEMM has a transient workspace). Each group's outputs are made just before it,
+    and each input freed after its last group, where the launch-by-launch order makes and frees
+    them, so that the step's peak stays what it was. ``held``: [forward's preact or None], the
+    only reference to it, emptied here."""
+    w1, w2 = weights
+    rows, (features, d_in) = x2d.shape[0], w1c.shape
+    device = dy2d.device
+    preact = held.pop()
+    replay = preact is None
+    if replay:
+        preact = x2d.new_empty(rows, features)
+    dpreact = x2d.new_empty(rows, features)
+    postact = x2d.new_empty(rows, w2c.shape[1])
+    w1t = w1c.t()
+
+    def dact():
+        if replay:
+            ops.gemm(x2d, w1t, out=preact, replay=True)
+        ops.gemm_dact(dy2d, w2c, preact, act.name, out_dpreact=dpreact, out_postact=postact)
+
+    site = _site("dact", ops, dy2d, act.name, replay)
+    key = (site, tensor_key(dy2d), tensor_key(w2c), tensor_key(preact), dpreact.data_ptr(),
+           postact.data_ptr())
+    if replay:
+        key += (tensor_key(x2d), tensor_key(w1c))
+    GRAPHS.run(site, key, dact, device)
+    del preact
+
+    grad_w2 = None
+    if need_w2:
+        gemm, finish = _weight_grad_gemm(ops, backend, dy2d.t(), postact, w2, fuse)
+        _run_gemms("dW2", [gemm], device)
+        grad_w2 = finish()
+        del gemm  # it holds postact
+    del postact
+
+    made = {}
+
+    def w1_gemm():
+        gemm, made["w1"] = _weight_grad_gemm(ops, backend, dpreact.t(), x2d, w1, fuse)
+        return gemm
+
+    def dx_gemm():
+        made["dx"] = x2d.new_empty(rows, d_in)
+        return (ops, dpreact, w1c, made["dx"], False)
+
+    dx_workspace = ops.transient_bytes(rows, d_in, features, device) if need_x else 0
+    w1_workspace = ops.transient_bytes(features, d_in, rows, device) if need_w1 else 0
+    if need_x and need_w1 and not dx_workspace and not w1_workspace:
+        _run_gemms("dW1+dx", [w1_gemm(), dx_gemm()], device)
+    else:
+        # The larger workspace first, so that it is gone before the other's output is made (a
+        # tie leaves dW1 first, as the backward below does).
+        steps = [("dW1", need_w1, w1_gemm), ("dx", need_x, dx_gemm)]
+        if dx_workspace > w1_workspace:
+            steps.reverse()
+        for phase, wanted, make in steps:
+            if wanted:
+                _run_gemms(phase, [make()], device)
+    return made.get("dx"), made["w1"]() if need_w1 else None, grad_w2
+
+
 class ParallelMLPFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w1, b1, w2, b2, act: Activation, tp: TPGroup, recompute: bool,
@@ -150,11 +285,15 @@ class ParallelMLPFunction(torch.autograd.Function):
             # (preact and dpreact: fc1's rows; y and dy: fc2's), so the choice holds for all of
             # them and the ops need not check again.
             ops = resolve(backend, x2d, w1c, w2c, b1c, (1, w1c.shape[0]), (1, w2c.shape[0]))
-            preact, postact = _fc1(ops, x2d, w1c, b1c, act, not recompute, tp, sp, overlap)
-            y = _fc2(ops, postact, w2c, tp, sp, overlap)
-            del postact
-            if b2c is not None:
-                y.add_(b2c)
+            groups = _in_groups(ops, tp, sp, overlap, x2d, b1c, b2c)
+            if groups:
+                preact, y = _forward_in_groups(ops, x2d, w1c, w2c, act, not recompute)
+            else:
+                preact, postact = _fc1(ops, x2d, w1c, b1c, act, not recompute, tp, sp, overlap)
+                y = _fc2(ops, postact, w2c, tp, sp, overlap)
+                del postact
+                if b2c is not None:
+                    y.add_(b2c)
 
         # x is saved as given to this rank: under sequence parallelism, its slice.
         # preact is ours alone (made here, never seen by the caller), and the largest thing kept:
@@ -172,7 +311,7 @@ class ParallelMLPFunction(torch.autograd.Function):
         ctx.x_meta = (x.shape, x.dtype)
         ctx.act, ctx.tp, ctx.sp, ctx.overlap = act, tp, sp, overlap
         ctx.fuse, ctx.backend = fuse_grad_accum, backend
-        ctx.ops = ops
+        ctx.ops, ctx.groups = ops, groups
         return y.view(*x.shape[:-1], y.shape[-1])
 
     @staticmethod
@@ -195,6 +334,16 @@ class ParallelMLPFunction(torch.autograd.Function):
         ops = ctx.ops
         if ops is not TorchBackend:
             ops = resolve(backend, dy2d)
+        if ctx.groups and ops is ctx.ops and _in_groups(ops, tp, sp, overlap, dy2d, b1c, None):
+            held = [preact]  # handed over, so that the groups can free it after the dact
+            del preact, saved_preact
+            grad_x, grad_w1, grad_w2 = _backward_in_groups(
+                ops, backend, ctx.fuse, dy2d, x2d, w1c, w2c, held, act, (w1, w2),
+                need_x, need_w1, need_w2)
+            if grad_x is not None:
+                grad_x = _cast(grad_x.view(x_shape), x_dtype)
+            return (grad_x, grad_w1, None, grad_w2, None,
+                    None, None, None, None, None, None, None)
         rows = tp.size * x2d.shape[0] if sp else x2d.shape[0]
 
         def replay_fc1(x_rows, out=None, whole_rows=None):

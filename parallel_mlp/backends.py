@@ -206,6 +206,11 @@ class CuteBackend:
         return cls._ops().transient_bytes(m, n, k, device)
 
     @classmethod
+    def on_cublas(cls, a, b, out, accumulate=False) -> bool:
+        """Whether ``gemm(a, b, out=out, accumulate=accumulate)`` runs on cuBLAS, not ours."""
+        return False
+
+    @classmethod
     def gemm(cls, a, b, out=None, out_dtype=None, accumulate=False, whole_rows=None,
              replay=False):
         return cls._ops().gemm(a, b, out=out, out_dtype=out_dtype, accumulate=accumulate,
@@ -287,6 +292,10 @@ class AutoBackend(CuteBackend):
             return (out is not None and out.dtype == torch.float32
                     and fp32_addmm_works(out.device, a.dtype))
         return (out_dtype or (out.dtype if out is not None else a.dtype)) == a.dtype
+
+    @classmethod
+    def on_cublas(cls, a, b, out, accumulate=False) -> bool:
+        return cls._on_cublas(a, b, out, None, accumulate, None)
 
     @classmethod
     def transient_bytes(cls, m, n, k, device):

@@ -347,3 +347,63 @@ def test_cuda_graph_replays_give_the_uncaptured_bits(recompute, main_grad):
     for name in weights if main_grad else ():
         assert torch.equal(getattr(captured, name).weight.main_grad, getattr(plain, name).weight.main_grad), \
             f"{name}.main_grad: the replays' accumulation differs from the plain calls'"
+
+
+# Shapes of host-bound fused steps (each GEMM's plan differs: 128x64 and 128x192 tiles, stream-K
+# and the dynamic scheduler among them) with tails in M and K, on the path users get ("auto":
+# the fused kernels at T=8192 d=1024; "cute" where auto would take the small step).
+@pytest.mark.parametrize("tokens,d,h,activation,backend", [
+    (8192, 1024, 2816, "swiglu", "auto"), (1000, 1000, 1000, "swiglu", "cute"),
+    (4096, 1024, 4096, "gelu_tanh_approx", "cute"), (512, 8192, 2752, "swiglu", "cute")])
+@pytest.mark.parametrize("mode", ["default", "recompute", "main_grad"])
+def test_launch_graphs_replay_the_launches_bits(tokens, d, h, activation, backend, mode):
+    """The fused function's launch groups replayed from CUDA graphs (launch_graphs.GRAPHS) give
+    the bits of the same launches run one by one, fresh grads or fp32 main grads accumulated in
+    place, and the step peaks no higher."""
+    needs_cute()
+    from parallel_mlp.launch_graphs import GRAPHS
+
+    def steps(enabled):
+        GRAPHS.clear()
+        GRAPHS.enabled = enabled
+        torch.manual_seed(7)
+        mlp = ParallelMLP(d, h, activation=activation, recompute=mode == "recompute",
+                          fuse_grad_accum=mode == "main_grad", backend=backend, device="cuda",
+                          dtype=torch.bfloat16)
+        params = [mlp.fc1.weight, mlp.fc2.weight]
+        for p in params if mode == "main_grad" else ():
+            p.main_grad = torch.zeros(p.shape, dtype=torch.float32, device="cuda")
+        g = torch.Generator(device="cuda").manual_seed(8)
+        x = torch.randn(tokens, d, device="cuda", generator=g).bfloat16().requires_grad_()
+        dy = torch.randn(tokens, d, device="cuda", generator=g).bfloat16()
+        peaks = []
+        for _ in range(5):  # plain, captured, then replays: the same function of x, W and dy
+            for p in params + [x]:
+                p.grad = None
+                if mode == "main_grad" and p is not x:
+                    p.main_grad.zero_()
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            y = mlp(x)
+            y.backward(dy)
+            torch.cuda.synchronize()
+            peaks.append(torch.cuda.max_memory_allocated() - before)
+            del y
+        grads = [x.grad] + [p.main_grad if mode == "main_grad" else p.grad for p in params]
+        return [t.clone() for t in grads], mlp(x).detach(), peaks[-1], dict(GRAPHS.stats)
+
+    try:
+        on_grads, on_y, on_peak, stats = steps(True)
+        off_grads, off_y, off_peak, off_stats = steps(False)
+        again = steps(True)[3]  # after every graph was dropped: the shared pool is still good
+    finally:
+        GRAPHS.enabled = True
+        GRAPHS.clear()
+    for run in (stats, again):
+        assert run.get("replays", 0) >= 3 * 4 and not run.get("capture failures"), run
+    assert not off_stats.get("replays"), off_stats
+    assert torch.equal(on_y, off_y)
+    for name, a, b in zip(("dx", "dW1", "dW2"), on_grads, off_grads):
+        assert torch.equal(a, b), f"{name} replayed from graphs differs from the plain launches"
+    assert on_peak <= off_peak, f"graphs: step peak {on_peak / 2**20:.1f} MiB, plain {off_peak / 2**20:.1f}"

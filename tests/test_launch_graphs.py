@@ -1,0 +1,291 @@
+"""launch_graphs: when a launch group is run, captured or replayed (with stand-ins for CUDA
+graphs), and the fused function's launch groups on the CPU against the launch-by-launch path.
+The CUDA graphs themselves are tested on the GPU (test_layer_gpu.py)."""
+
+import weakref
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from parallel_mlp import ParallelMLP, autograd, backends
+from parallel_mlp.launch_graphs import ENV, LaunchGraphs
+
+
+class Recorder:
+    """Stand-ins for capture and replay that record what happened; a replay runs the calling
+    group's launches, as a CUDA graph of the same launches into the same addresses would."""
+
+    def __init__(self, fail=False):
+        self.captured, self.replayed, self.fail = [], [], fail
+
+    def capture(self, launches, device):
+        if self.fail:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        self.captured.append(type(launches).__name__)  # not the launches: a CUDA graph keeps
+        return f"graph {len(self.captured)}"            # no reference to their tensors
+
+    def replay(self, graph, launches):
+        self.replayed.append(graph)
+        launches()
+
+    def graphs(self, **kw):
+        graphs = LaunchGraphs(capture=self.capture, replay=self.replay, capturing=lambda: False, **kw)
+        graphs.enabled = True
+        return graphs
+
+
+def _counting():
+    calls = []
+    return calls, lambda: calls.append(1)
+
+
+def test_a_key_is_captured_the_second_time_and_replayed_after():
+    rec = Recorder()
+    graphs = rec.graphs()
+    calls, launches = _counting()
+    for _ in range(4):
+        graphs.run("site", ("site", 1), launches, None)
+    assert len(rec.captured) == 1 and rec.replayed == ["graph 1"] * 3
+    assert len(calls) == 4  # plain, then three replays (the stand-in runs the launches)
+    assert graphs.stats == {"plain": 1, "captures": 1, "replays": 3}
+    graphs.run("site", ("site", 2), launches, None)  # another key: plain again
+    assert len(rec.captured) == 1 and graphs.stats["plain"] == 2
+
+
+def test_graphs_are_kept_up_to_a_bound_least_recently_replayed_dropped():
+    rec = Recorder()
+    graphs = rec.graphs(max_graphs=2)
+    for key in (1, 1, 2, 2):
+        graphs.run("site", key, lambda: None, None)
+    graphs.run("site", 1, lambda: None, None)  # replay: 1 is now the most recent
+    for _ in range(2):
+        graphs.run("site", 3, lambda: None, None)
+    assert len(graphs) == 2 and len(rec.captured) == 3
+    graphs.run("site", 1, lambda: None, None)
+    assert rec.replayed[-1] == "graph 1"
+    graphs.run("site", 2, lambda: None, None)  # dropped: seen afresh, not replayed
+    assert rec.replayed[-1] == "graph 1"
+
+
+def test_a_site_whose_keys_never_repeat_stops_looking():
+    rec = Recorder()
+    graphs = rec.graphs(max_misses=3)
+    for key in range(3):
+        graphs.run("site", key, lambda: None, None)
+    for _ in range(3):  # a repeating key now finds the site given up: nothing captured
+        graphs.run("site", 0, lambda: None, None)
+    assert rec.captured == [] and graphs.stats["plain"] == 6
+    graphs.run("other", 0, lambda: None, None)
+    graphs.run("other", 0, lambda: None, None)
+    assert len(rec.captured) == 1  # other sites are their own
+
+
+def test_a_site_that_replays_keeps_looking_for_new_keys():
+    rec = Recorder()
+    graphs = rec.graphs(max_misses=2)
+    for key in (0, 0, 1, 2, 3, 3):
+        graphs.run("site", key, lambda: None, None)
+    assert len(rec.captured) == 2
+
+
+def test_a_failed_capture_runs_the_launches_and_turns_the_graphs_off(caplog):
+    rec = Recorder(fail=True)
+    graphs = rec.graphs()
+    calls, launches = _counting()
+    with caplog.at_level("WARNING", logger="parallel_mlp.launch_graphs"):
+        for _ in range(4):
+            graphs.run("site", 0, launches, None)
+    assert len(calls) == 4 and len(graphs) == 0 and not graphs.enabled
+    assert graphs.stats == {"plain": 3, "capture failures": 1}
+    assert "launch graphs turned off" in caplog.text and "RuntimeError" in caplog.text
+
+
+def test_under_someone_elses_capture_the_launches_run_plainly():
+    rec = Recorder()
+    graphs = LaunchGraphs(capture=rec.capture, replay=rec.replay, capturing=lambda: True)
+    graphs.enabled = True
+    calls, launches = _counting()
+    for _ in range(3):
+        graphs.run("site", 0, launches, None)
+    assert len(calls) == 3 and rec.captured == [] and graphs.stats == {"plain": 3}
+
+
+@pytest.mark.parametrize("value, on", [(None, False), ("0", False), ("1", True), ("on", True)])
+def test_the_environment_turns_them_on(monkeypatch, value, on):
+    if value is None:
+        monkeypatch.delenv(ENV, raising=False)
+    else:
+        monkeypatch.setenv(ENV, value)
+    rec = Recorder()
+    graphs = LaunchGraphs(capture=rec.capture, replay=rec.replay, capturing=lambda: False)
+    assert graphs.enabled is on
+    for _ in range(3):
+        graphs.run("site", 0, lambda: None, None)
+    assert len(rec.captured) == on and graphs.stats["plain"] == (1 if on else 3)
+
+
+# ---- the fused function's launch groups, on the CPU --------------------------------------
+
+
+class GroupOps(backends.TorchBackend):
+    """The torch backend's math (which honours every out= the groups pass) under a name of its
+    own, so that the function takes its launch groups on CPU tensors; records each op."""
+
+    name = "groups"
+    calls: list = []
+    workspace = {}  # (m, n, k) -> transient bytes
+    dact_inputs: list = []
+
+    @staticmethod
+    def _ops():
+        return SimpleNamespace(_stream_handle=lambda index: 0, _config_rewrite=None)
+
+    @staticmethod
+    def on_cublas(a, b, out, accumulate=False):
+        return False
+
+    @classmethod
+    def transient_bytes(cls, m, n, k, device):
+        return cls.workspace.get((m, n, k), 0)
+
+    @classmethod
+    def gemm(cls, a, b, out=None, out_dtype=None, accumulate=False, whole_rows=None, replay=False):
+        # after the dact: whether its preact and postact are alive still (None: no dact yet)
+        alive = [r() is not None for r in cls.dact_inputs]
+        cls.calls.append(("gemm", tuple(a.shape), tuple(b.shape), accumulate, alive))
+        return backends.TorchBackend.gemm(a, b, out=out, out_dtype=out_dtype,
+                                          accumulate=accumulate, replay=replay)
+
+    @classmethod
+    def gemm_act(cls, *args, **kw):
+        cls.calls.append(("gemm_act",))
+        return backends.TorchBackend.gemm_act(*args, **kw)
+
+    @classmethod
+    def gemm_dact(cls, a, b, preact, activation, **kw):
+        cls.calls.append(("gemm_dact",))
+        if kw.get("out_postact") is not None:  # the groups pass it (launch by launch: none)
+            cls.dact_inputs = [weakref.ref(preact), weakref.ref(kw["out_postact"])]
+        return backends.TorchBackend.gemm_dact(a, b, preact, activation, **kw)
+
+
+@pytest.fixture
+def groups(monkeypatch):
+    """The function on GroupOps with its launch groups on, through recording stand-ins for
+    CUDA graphs whose keys ignore addresses (so that every group is captured, then replayed)."""
+    rec = Recorder()
+    graphs = rec.graphs()
+    run = graphs.run
+    monkeypatch.setattr(graphs, "run", lambda site, key, launches, device: run(site, site, launches, device))
+    monkeypatch.setattr(autograd, "GRAPHS", graphs)
+    resolve = autograd.resolve
+    monkeypatch.setattr(autograd, "resolve", lambda backend, *tensors: (
+        GroupOps if backend == "cute" else resolve(backend, *tensors)))
+    monkeypatch.setattr(autograd, "_in_groups",
+                        lambda ops, tp, sp, overlap, x2d, b1c, b2c: ops is GroupOps and b1c is None)
+    GroupOps.calls, GroupOps.workspace, GroupOps.dact_inputs = [], {}, []
+    return SimpleNamespace(graphs=graphs, rec=rec)
+
+
+def _pair(act, recompute=False, fuse=False, **kw):
+    torch.manual_seed(0)
+    ours = ParallelMLP(16, 24, activation=act, recompute=recompute, fuse_grad_accum=fuse,
+                       backend="cute", **kw)
+    ref = ParallelMLP(16, 24, activation=act, recompute=recompute, fuse_grad_accum=fuse,
+                      backend="torch", **kw)
+    ref.load_state_dict(ours.state_dict())
+    return ours, ref
+
+
+def _step(mlp, x, dy):
+    x = x.detach().clone().requires_grad_(x.requires_grad)
+    y = mlp(x)
+    y.backward(dy)
+    return y.detach(), x.grad, mlp.fc1.weight.grad, mlp.fc2.weight.grad
+
+
+@pytest.mark.parametrize("act", ["swiglu", "gelu_tanh_approx"])
+@pytest.mark.parametrize("recompute", [False, True])
+def test_groups_give_the_launch_by_launch_results(groups, act, recompute):
+    ours, ref = _pair(act, recompute)
+    x, dy = torch.randn(2, 9, 16, requires_grad=True), torch.randn(2, 9, 16)
+    for _ in range(3):  # plain, captured, replayed
+        ours.zero_grad(set_to_none=True)
+        ref.zero_grad(set_to_none=True)
+        for a, b in zip(_step(ours, x, dy), _step(ref, x, dy)):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert groups.graphs.stats["replays"] > 0 and groups.graphs.stats["captures"] == 4
+    first = [c[0] for c in GroupOps.calls[:6 + recompute]]
+    assert first == (["gemm_act", "gemm"] + ["gemm"] * recompute
+                     + ["gemm_dact", "gemm", "gemm", "gemm"])
+
+
+def test_groups_accumulate_into_main_grad_and_dot_grad(groups):
+    ours, ref = _pair("swiglu", fuse=True)
+    for mlp in (ours, ref):
+        mlp.fc1.weight.main_grad = torch.zeros(mlp.fc1.weight.shape)
+        mlp.fc1.weight.grad_added_to_main_grad = False
+        mlp.fc1.weight.zero_out_wgrad = True
+        mlp.fc2.weight.grad = torch.ones(mlp.fc2.weight.shape)  # no main_grad: into .grad
+    x, dy = torch.randn(9, 16, requires_grad=True), torch.randn(9, 16)
+    for _ in range(3):
+        a, b = _step(ours, x, dy), _step(ref, x, dy)
+        for t, u in zip(a, b):
+            torch.testing.assert_close(t, u, rtol=0, atol=0)
+    torch.testing.assert_close(ours.fc1.weight.main_grad, ref.fc1.weight.main_grad, rtol=0, atol=0)
+    assert ours.fc1.weight.grad_added_to_main_grad
+    assert torch.count_nonzero(ours.fc1.weight.grad) == 0  # the zeroed dummy DDP's hook sees
+    accumulated = [c for c in GroupOps.calls if c[0] == "gemm" and c[3]]
+    assert len(accumulated) == 6  # both wgrads of every step accumulated in place
+
+
+@pytest.mark.parametrize("workspace, order", [
+    ({}, ["dW1", "dx"]),                          # one group: dW1 then dx
+    ({(9, 16, 48): 1 << 20}, ["dx", "dW1"]),      # dx's workspace the larger: it goes first
+    ({(48, 16, 9): 1 << 20}, ["dW1", "dx"]),
+])
+def test_fc1s_weight_gradient_and_dx_in_the_workspace_order(groups, workspace, order):
+    GroupOps.workspace = workspace
+    ours, ref = _pair("swiglu")
+    x, dy = torch.randn(9, 16, requires_grad=True), torch.randn(9, 16)
+    for t, u in zip(_step(ours, x, dy), _step(ref, x, dy)):
+        torch.testing.assert_close(t, u, rtol=0, atol=0)
+    last_two = GroupOps.calls[-2:]
+    names = ["dW1" if c[1] == (48, 9) else "dx" for c in last_two]
+    assert names == order
+
+
+@pytest.mark.parametrize("frozen", ["x", "fc1", "fc2"])
+def test_groups_with_frozen_inputs(groups, frozen):
+    ours, ref = _pair("swiglu")
+    x, dy = torch.randn(9, 16, requires_grad=frozen != "x"), torch.randn(9, 16)
+    for mlp in (ours, ref):
+        if frozen != "x":
+            getattr(mlp, frozen).weight.requires_grad_(False)
+    for t, u in zip(_step(ours, x, dy), _step(ref, x, dy)):
+        if t is None or u is None:
+            assert t is None and u is None
+        else:
+            torch.testing.assert_close(t, u, rtol=0, atol=0)
+
+
+def test_biases_take_the_launch_by_launch_path(groups):
+    ours, ref = _pair("swiglu", bias1=True, bias2=True)
+    x, dy = torch.randn(9, 16, requires_grad=True), torch.randn(9, 16)
+    for t, u in zip(_step(ours, x, dy), _step(ref, x, dy)):
+        torch.testing.assert_close(t, u, rtol=0, atol=0)
+    assert groups.graphs.stats == {}
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_groups_free_preact_and_postact_where_the_launches_do(groups, recompute):
+    """As launch by launch: preact is gone once the dact ran (before fc2's weight gradient is
+    made), postact once fc2's weight gradient ran (before fc1's and dx are made)."""
+    ours, _ = _pair("swiglu", recompute)
+    x, dy = torch.randn(9, 16, requires_grad=True), torch.randn(9, 16)
+    for _ in range(3):
+        _step(ours, x, dy)
+        dw2, dw1, dx = [c for c in GroupOps.calls if c[0] == "gemm"][-3:]
+        assert dw2[1] == (16, 9) and dw2[4] == [False, True]  # preact freed, postact read here
+        assert dw1[4] == dx[4] == [False, False]
