@@ -23,7 +23,7 @@ def test_lists_every_step_with_its_command():
     assert r.returncode == 0
     steps = [line.split()[0] for line in r.stdout.splitlines()]
     assert steps == ["tests_kernels", "tests_layer", "tests_defaults", "tests_all", "streamk", "streamk_fill", "configs_small", "configs_wave", "configs_mid", "configs_long_k", "configs_dact", "configs_swap", "configs_ring", "plain_gemms", "plain_gemms_host", "gemm", "mlp", "sweep", "sweep_ceiling", "sweep_small", "sweep_graphed",
-                     "tp", "tp_sp", "profile", "small_step_variants", "timing_spread", "host_step",
+                     "tp", "tp_sp", "profile", "launch_graphs", "small_step_variants", "timing_spread", "host_step",
                      "host_stages", "host_env", "host_phases", "cold", "clock", "full", "ncu", "ncu_dact", "ncu_smem"]
     # every step the script defines is listed (a step missing from the list still ran, unseen)
     defined = re.findall(r"^  \[(\w+)\]=", SCRIPT.read_text(), flags=re.M)
@@ -234,3 +234,12 @@ def test_plain_gemms_graphs_about_two_milliseconds_of_work_per_replay(monkeypatc
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit, match="needs a CUDA GPU"):
             plain_gemms.main(["--tokens", "512"])
+
+
+def test_launch_graphs_ab_says_what_it_times():
+    """tools/launch_graphs_ab.py needs a GPU to time; without one its help still runs (its
+    imports and arguments are sound)."""
+    r = subprocess.run([sys.executable, str(TOOLS / "launch_graphs_ab.py"), "--help"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "--hold-s" in r.stdout and "launch groups" in r.stdout
