@@ -28,7 +28,10 @@ def test_the_command_prints_its_figures_and_leaves_ops_as_it_was():
     get_kernel, current_device = kcompile.get_kernel, torch.cuda.current_device
     lines = []
     figures = host_stub.measure(calls=2, out=lines.append)
-    assert set(figures) == {"fwd+bwd", "forward", "ops.gemm (fc2's shape)", "empty autograd function fwd+bwd"}
+    assert set(figures) == {"fwd+bwd", "forward", "ops.gemm (fc2's shape)",
+                            "empty autograd function fwd+bwd",
+                            "fwd+bwd, launch groups replayed (graph launches not counted)",
+                            "fwd+bwd, launch groups with every key new"}
     assert all(us > 0 for us in figures.values())
     assert lines[0].startswith("host µs with the kernels stubbed out")
     assert kcompile.get_kernel is get_kernel and torch.cuda.current_device is current_device
@@ -43,3 +46,29 @@ def test_the_command_refuses_a_call_count_below_one(capsys):
         host_stub.main(["--stub", "--calls", "0"])
     assert "--calls must be >= 1, got 0" in capsys.readouterr().err
 
+
+
+def test_launch_groups_replayed_launch_nothing_and_new_keys_launch_all(monkeypatch):
+    """launch_groups: replayed, the step's launches happen only in its first call (the graphs
+    stand in for the rest); with every key new, all six launch on every call; afterwards the
+    function is as it was."""
+    from parallel_mlp import autograd
+    from parallel_mlp.layer import ParallelMLP
+
+    launched = []
+    monkeypatch.setattr(host_stub._NoLaunch, "run_compiled_program",
+                        lambda self, args: launched.append(self.key))
+    saved = autograd.GRAPHS, autograd._in_groups
+    with host_stub.stubbed_kernels():
+        mlp = ParallelMLP(256, 512, activation="swiglu", backend="cute", dtype=torch.bfloat16)
+        x = torch.randn(128, 256, dtype=torch.bfloat16, requires_grad=True)
+        dy = torch.randn(128, 256, dtype=torch.bfloat16)
+        for replayed, per_call in ((True, [6, 0, 0]), (False, [6, 6, 6])):
+            with host_stub.launch_groups(replayed) as graphs:
+                counts = []
+                for _ in range(3):
+                    before = len(launched)
+                    mlp(x).backward(dy)
+                    counts.append(len(launched) - before)
+            assert counts == per_call, (replayed, counts, graphs.stats)
+    assert (autograd.GRAPHS, autograd._in_groups) == saved

@@ -110,6 +110,38 @@ def _us_per_call(fn, calls: int, rounds: int = 5, clock=time.perf_counter) -> fl
     return statistics.median(per_round)
 
 
+@contextlib.contextmanager
+def launch_groups(replayed: bool):
+    """Within this context (and stubbed_kernels'), the fused function runs its launch groups
+    (launch_graphs.py) on the CPU tensors, through stand-ins for CUDA graphs: ``replayed``, every
+    group after its first call replays a graph that launches nothing (the graph launch itself,
+    a call into the driver, is not in the figure); else every group's key is new (a loop whose
+    tensors never sit where they did), so each runs its launches into its outputs made ahead."""
+    from .. import autograd
+    from ..backends import TorchBackend
+    from ..launch_graphs import LaunchGraphs
+
+    graphs = LaunchGraphs(capture=lambda launches, device: None,
+                          replay=lambda graph, launches: None, capturing=lambda: False,
+                          max_misses=1 << 62)
+    graphs.enabled = True
+    run, calls = graphs.run, iter(range(1 << 62))
+
+    def keyed(site, key, launches, device):
+        run(site, site if replayed else (key, next(calls)), launches, device)
+
+    graphs.run = keyed
+    saved = autograd.GRAPHS, autograd._in_groups
+    autograd.GRAPHS = graphs
+    autograd._in_groups = lambda ops, tp, sp, overlap, x2d, b1c, b2c: (
+        tp.size == 1 and not sp and not overlap and b1c is None and b2c is None
+        and ops is not TorchBackend)
+    try:
+        yield graphs
+    finally:
+        autograd.GRAPHS, autograd._in_groups = saved
+
+
 class _Empty(torch.autograd.Function):
     """torch's floor for an autograd function of the layer's arity: saves its inputs, allocates
     its outputs, computes nothing."""
@@ -152,6 +184,10 @@ def measure(calls: int, profile: bool = False, out=print) -> dict:
             "ops.gemm (fc2's shape)": _us_per_call(lambda: ops.gemm(postact, w2.t(), checked=True), calls),
             "empty autograd function fwd+bwd": _us_per_call(empty_step, calls),
         }
+        for replayed, name in ((True, "fwd+bwd, launch groups replayed (graph launches not counted)"),
+                               (False, "fwd+bwd, launch groups with every key new")):
+            with launch_groups(replayed):
+                figures[name] = _us_per_call(step, calls)
         out(f"host µs with the kernels stubbed out (no launch), T={T} d={D} {ACT} h={H}, bf16 on "
             f"the CPU; median of 5 rounds of {calls} calls")
         for name, us in figures.items():
