@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from parallel_mlp import ParallelMLP, autograd, backends
+from parallel_mlp.activations import get_activation
 from parallel_mlp.launch_graphs import ENV, LaunchGraphs
 
 
@@ -289,3 +290,38 @@ def test_groups_free_preact_and_postact_where_the_launches_do(groups, recompute)
         dw2, dw1, dx = [c for c in GroupOps.calls if c[0] == "gemm"][-3:]
         assert dw2[1] == (16, 9) and dw2[4] == [False, True]  # preact freed, postact read here
         assert dw1[4] == dx[4] == [False, False]
+
+
+def test_a_key_tells_apart_what_the_launches_read(monkeypatch):
+    """The forward's key changes with anything its launches read: a transposed view at the same
+    address and of the same shape, another dtype at the same address, another weight. Only the
+    same tensors again replay."""
+    rec = Recorder()
+    graphs = rec.graphs()
+    keys = []
+    run = graphs.run
+    monkeypatch.setattr(graphs, "run", lambda site, key, launches, device: (
+        keys.append(key), run(site, key, launches, device)))
+    monkeypatch.setattr(autograd, "GRAPHS", graphs)
+    ops = GroupOps
+    GroupOps.calls, GroupOps.workspace, GroupOps.dact_inputs = [], {}, []
+    torch.manual_seed(0)
+    w1, w2 = torch.randn(32, 16), torch.randn(16, 16)
+    x = torch.randn(16, 16)
+    act = get_activation("swiglu")
+
+    def forward_key(x_in, w1_in=w1):
+        before = len(keys)
+        autograd._forward_in_groups(ops, x_in, w1_in, w2, act, True)
+        return keys[before]
+
+    # (site, x, W1, W2): the outputs' addresses follow, and on the CPU they need not repeat
+    k = forward_key(x)[:4]
+    assert forward_key(x.t())[:4] != k           # same address and shape, other strides
+    assert forward_key(w1_in=w1.clone(), x_in=x)[:4] != k  # another weight
+    bits = x.view(torch.int32)
+    assert bits.data_ptr() == x.data_ptr()
+    assert autograd.tensor_key(bits) != autograd.tensor_key(x)  # another dtype at that address
+    # the outputs are part of the key too: with the allocator's addresses for them repeating,
+    # the same call's key repeats and replays
+    assert all(forward_key(x)[:4] == k for _ in range(3))
