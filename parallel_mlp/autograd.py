@@ -152,8 +152,9 @@ def _site(phase: str, ops, x2d, *more) -> tuple:
     return (phase, ops, index, ops._ops()._stream_handle(index)) + more
 
 
-def _forward_in_groups(ops, x2d, w1c, w2c, act: Activation, store_preact: bool):
-    """(preact or None, y) of fc1 and fc2 as one launch group, their outputs made first."""
+def _forward_in_groups(site, ops, x2d, w1c, w2c, act: Activation, store_preact: bool):
+    """(preact or None, y) of fc1 and fc2 as one launch group (``site``: the forward's, from _site), their
+    outputs made first."""
     rows, features = x2d.shape[0], w1c.shape[0]
     preact = x2d.new_empty(rows, features) if store_preact else None
     postact = x2d.new_empty(rows, features // 2 if act.gated else features)
@@ -168,7 +169,6 @@ def _forward_in_groups(ops, x2d, w1c, w2c, act: Activation, store_preact: bool):
     if ops.on_cublas(postact, w2t, y):  # cuBLAS's bits under capture are cuBLAS's to choose
         launches()
         return preact, y
-    site = _site("forward", ops, x2d, act.name, store_preact)
     GRAPHS.run(site, (site, tensor_key(x2d), tensor_key(w1c), tensor_key(w2c),
                       0 if preact is None else preact.data_ptr(), postact.data_ptr(),
                       y.data_ptr()), launches, x2d.device)
@@ -203,14 +203,14 @@ def _weight_grad_gemm(ops, backend: str, a, b, weight, fuse: bool):
             lambda: after_accumulating(weight, buffer))
 
 
-def _backward_in_groups(ops, backend: str, fuse: bool, dy2d, x2d, w1c, w2c, held: list,
+def _backward_in_groups(site, ops, backend: str, fuse: bool, dy2d, x2d, w1c, w2c, held: list,
                         act: Activation, weights, need_x: bool, need_w1: bool, need_w2: bool):
     """(dx or None, what autograd receives for W1 and for W2) in launch groups: [fc1's replay
     and] the dact; fc2's weight gradient; fc1's weight gradient and dx (one group, or one each
     where either GEMM has a transient workspace). Each group's outputs are made just before it,
     and each input freed after its last group, where the launch-by-launch order makes and frees
-    them, so that the step's peak stays what it was. ``held``: [forward's preact or None], the
-    only reference to it, emptied here."""
+    them, so that the step's peak stays what it was. ``site``: the dact group's; ``held``:
+    [forward's preact or None], the only reference to it, emptied here."""
     w1, w2 = weights
     rows, (features, d_in) = x2d.shape[0], w1c.shape
     device = dy2d.device
@@ -227,7 +227,6 @@ def _backward_in_groups(ops, backend: str, fuse: bool, dy2d, x2d, w1c, w2c, held
             ops.gemm(x2d, w1t, out=preact, replay=True)
         ops.gemm_dact(dy2d, w2c, preact, act.name, out_dpreact=dpreact, out_postact=postact)
 
-    site = _site("dact", ops, dy2d, act.name, replay)
     key = (site, tensor_key(dy2d), tensor_key(w2c), tensor_key(preact), dpreact.data_ptr(),
            postact.data_ptr())
     if replay:
@@ -287,7 +286,10 @@ class ParallelMLPFunction(torch.autograd.Function):
             ops = resolve(backend, x2d, w1c, w2c, b1c, (1, w1c.shape[0]), (1, w2c.shape[0]))
             groups = _in_groups(ops, tp, sp, overlap, x2d, b1c, b2c)
             if groups:
-                preact, y = _forward_in_groups(ops, x2d, w1c, w2c, act, not recompute)
+                site = _site("forward", ops, x2d, act.name, not recompute)
+                groups = not GRAPHS.site_off(site)
+            if groups:
+                preact, y = _forward_in_groups(site, ops, x2d, w1c, w2c, act, not recompute)
             else:
                 preact, postact = _fc1(ops, x2d, w1c, b1c, act, not recompute, tp, sp, overlap)
                 y = _fc2(ops, postact, w2c, tp, sp, overlap)
@@ -334,11 +336,15 @@ class ParallelMLPFunction(torch.autograd.Function):
         ops = ctx.ops
         if ops is not TorchBackend:
             ops = resolve(backend, dy2d)
-        if ctx.groups and ops is ctx.ops and _in_groups(ops, tp, sp, overlap, dy2d, b1c, None):
+        groups = ctx.groups and ops is ctx.ops and _in_groups(ops, tp, sp, overlap, dy2d, b1c, None)
+        if groups:
+            site = _site("dact", ops, dy2d, act.name, replay)
+            groups = not GRAPHS.site_off(site)
+        if groups:
             held = [preact]  # handed over, so that the groups can free it after the dact
             del preact, saved_preact
             grad_x, grad_w1, grad_w2 = _backward_in_groups(
-                ops, backend, ctx.fuse, dy2d, x2d, w1c, w2c, held, act, (w1, w2),
+                site, ops, backend, ctx.fuse, dy2d, x2d, w1c, w2c, held, act, (w1, w2),
                 need_x, need_w1, need_w2)
             if grad_x is not None:
                 grad_x = _cast(grad_x.view(x_shape), x_dtype)

@@ -22,8 +22,13 @@ When it runs: only where turned on (``PARALLEL_MLP_LAUNCH_GRAPHS=1`` in the envi
 ``GRAPHS.enabled = True``), at one rank without biases on the CuTe kernels (autograd.py says
 which calls make groups). A key is captured the second time it is seen; a key seen once costs a
 lookup. At most ``MAX_GRAPHS`` graphs are kept (least recently replayed dropped first). A site
-(a group's shapes and options, without pointers) that missed ``MAX_MISSES`` times without ever
-replaying stops looking. The launches run as usual, uncaptured, while the current stream is
+(a group's kind and options: its ops, activation, memory mode, device and stream, not its
+tensors) that has seen ``MAX_MISSES`` new keys without one replay turns off (``site_off``), and
+the function then launches that site's kernels one by one as before, since a group whose keys
+never repeat costs more host time than those launches (its outputs are made ahead and go through
+ops' checks for caller buffers). The bound is loose enough for every layer of a deep model to
+meet its site in the first step before the second step replays. The launches run as usual,
+uncaptured, while the current stream is
 being captured by someone else (they go into that graph, as they always did). A capture that
 fails turns the graphs off for the process, with a warning: the launches then run one by one.
 
@@ -54,8 +59,8 @@ import torch
 log = logging.getLogger(__name__)
 
 ENV = "PARALLEL_MLP_LAUNCH_GRAPHS"
-MAX_GRAPHS = 512
-MAX_MISSES = 16
+MAX_GRAPHS = 2048
+MAX_MISSES = 1024
 _SEEN_LIMIT = 4 * MAX_GRAPHS  # keys seen once, remembered (oldest forgotten first)
 
 
@@ -154,6 +159,14 @@ class LaunchGraphs:
             self._graphs[key] = (graph, state)
             while len(self._graphs) > self.max_graphs:
                 self._graphs.popitem(last=False)
+
+    def site_off(self, site: Hashable) -> bool:
+        """Whether groups of this site should not be made at all: the graphs are off, or the
+        site gave up (its keys never repeated)."""
+        if not self.enabled:
+            return True
+        state = self._sites.get(site)
+        return state is not None and state.off
 
     def clear(self) -> None:
         with self._lock:

@@ -76,10 +76,22 @@ def test_a_site_whose_keys_never_repeat_stops_looking():
         graphs.run("site", key, lambda: None, None)
     for _ in range(3):  # a repeating key now finds the site given up: nothing captured
         graphs.run("site", 0, lambda: None, None)
-    assert rec.captured == [] and graphs.stats["plain"] == 6
+    assert rec.captured == [] and graphs.stats["plain"] == 6 and graphs.site_off("site")
     graphs.run("other", 0, lambda: None, None)
     graphs.run("other", 0, lambda: None, None)
     assert len(rec.captured) == 1  # other sites are their own
+
+
+def test_every_layer_of_a_deep_model_meets_its_site_before_the_second_step_replays():
+    """One site, 200 layers' keys in the first step: none turned away before the second step's
+    captures (the default bound is loose enough), and the third step replays them all."""
+    rec = Recorder()
+    graphs = rec.graphs()
+    for _step in range(3):
+        for layer in range(200):
+            graphs.run("site", layer, lambda: None, None)
+    assert len(rec.captured) == 200 and graphs.stats["replays"] == 400
+    assert not graphs.site_off("site")
 
 
 def test_a_site_that_replays_keeps_looking_for_new_keys():
@@ -160,7 +172,7 @@ class GroupOps(backends.TorchBackend):
 
     @classmethod
     def gemm_act(cls, *args, **kw):
-        cls.calls.append(("gemm_act",))
+        cls.calls.append(("gemm_act", kw.get("out_postact") is not None))
         return backends.TorchBackend.gemm_act(*args, **kw)
 
     @classmethod
@@ -312,7 +324,8 @@ def test_a_key_tells_apart_what_the_launches_read(monkeypatch):
 
     def forward_key(x_in, w1_in=w1):
         before = len(keys)
-        autograd._forward_in_groups(ops, x_in, w1_in, w2, act, True)
+        site = autograd._site("forward", ops, x_in, act.name, True)
+        autograd._forward_in_groups(site, ops, x_in, w1_in, w2, act, True)
         return keys[before]
 
     # (site, x, W1, W2): the outputs' addresses follow, and on the CPU they need not repeat
@@ -325,3 +338,23 @@ def test_a_key_tells_apart_what_the_launches_read(monkeypatch):
     # the outputs are part of the key too: with the allocator's addresses for them repeating,
     # the same call's key repeats and replays
     assert all(forward_key(x)[:4] == k for _ in range(3))
+
+
+def test_a_site_that_gave_up_launches_one_by_one_again(groups, monkeypatch):
+    """Where the keys never repeat (every call's tensors elsewhere), the site turns off after
+    its bound of new keys and the function goes back to launching kernel by kernel into fresh
+    outputs, which costs the host less than groups that are never replayed."""
+    rec = Recorder()
+    graphs = rec.graphs(max_misses=2)
+    run, calls = graphs.run, iter(range(1 << 30))
+    monkeypatch.setattr(graphs, "run", lambda site, key, launches, device: run(
+        site, (key, next(calls)), launches, device))
+    monkeypatch.setattr(autograd, "GRAPHS", graphs)
+    ours, ref = _pair("swiglu")
+    x, dy = torch.randn(9, 16, requires_grad=True), torch.randn(9, 16)
+    for _ in range(4):
+        for t, u in zip(_step(ours, x, dy), _step(ref, x, dy)):
+            torch.testing.assert_close(t, u, rtol=0, atol=0)
+    into_outputs_made_ahead = [c[1] for c in GroupOps.calls if c[0] == "gemm_act"]
+    assert into_outputs_made_ahead == [True, True, False, False]
+    assert rec.captured == []
