@@ -21,6 +21,11 @@ Backward::
 Without a TP group there is no collective to hide, and of dx and dW1 the GEMM with the larger
 transient workspace runs first (dW1 on a tie), so that it is gone before the other's output is made.
 
+At one rank without biases on the CuTe kernels, and with ``launch_graphs.GRAPHS`` on, the same
+launches run in groups whose outputs are made first (the forward; the dact; dW2; dW1 and dx), so
+that a group whose tensors sit where an earlier call's did can be replayed from a CUDA graph
+(launch_graphs.py); each group makes and frees its tensors where the launches below do.
+
 Only the local ``x`` is saved: with sequence parallelism, a 1/p slice, re-gathered in backward
 while the dgrad GEMMs run (Megatron does the same). With ``tp_comm_overlap`` the gathers before
 fc1 and the dact, and the reduce-scatters or all-reduce after fc2 and the dx GEMM, run block by
@@ -153,8 +158,8 @@ def _site(phase: str, ops, x2d, *more) -> tuple:
 
 
 def _forward_in_groups(site, ops, x2d, w1c, w2c, act: Activation, store_preact: bool):
-    """(preact or None, y) of fc1 and fc2 as one launch group (``site``: the forward's, from _site), their
-    outputs made first."""
+    """(preact or None, y) of fc1 and fc2 as one launch group, their outputs made first
+    (``site``: the forward's, from _site)."""
     rows, features = x2d.shape[0], w1c.shape[0]
     preact = x2d.new_empty(rows, features) if store_preact else None
     postact = x2d.new_empty(rows, features // 2 if act.gated else features)
