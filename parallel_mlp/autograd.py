@@ -142,10 +142,15 @@ def _fc2(ops, postact, w2c, tp, sp, overlap):
 
 def _in_groups(ops, tp, sp: bool, overlap: bool, x2d, b1c, b2c) -> bool:
     """Whether this call runs its launches in groups that ``launch_graphs.GRAPHS`` may replay:
-    one rank (no collective between launches), no biases (their sums are torch ops), on the
-    CuTe kernels, on the current device, while their configs are the rule's."""
-    if (tp.size != 1 or sp or overlap or b1c is not None or b2c is not None
-            or ops is TorchBackend or not GRAPHS.enabled or not x2d.is_cuda):
+    while the graphs are on, at one rank (no collective between launches), without biases
+    (their sums are torch ops), on the CuTe kernels (_kernels_here)."""
+    return (GRAPHS.enabled and tp.size == 1 and not sp and not overlap and b1c is None
+            and b2c is None and ops is not TorchBackend and _kernels_here(ops, x2d))
+
+
+def _kernels_here(ops, x2d) -> bool:
+    """Whether x2d is on the current CUDA device and the kernels run their rule's configs."""
+    if not x2d.is_cuda:
         return False
     kernels = ops._ops()
     return kernels._config_rewrite is None and x2d.device.index == kernels._current_device()

@@ -195,8 +195,7 @@ def groups(monkeypatch):
     resolve = autograd.resolve
     monkeypatch.setattr(autograd, "resolve", lambda backend, *tensors: (
         GroupOps if backend == "cute" else resolve(backend, *tensors)))
-    monkeypatch.setattr(autograd, "_in_groups",
-                        lambda ops, tp, sp, overlap, x2d, b1c, b2c: ops is GroupOps and b1c is None)
+    monkeypatch.setattr(autograd, "_kernels_here", lambda ops, x2d: ops is GroupOps)
     GroupOps.calls, GroupOps.workspace, GroupOps.dact_inputs = [], {}, []
     return SimpleNamespace(graphs=graphs, rec=rec)
 
