@@ -259,6 +259,23 @@ def test_auto_accumulates_into_fp32_on_cublas_where_its_addmm_works(auto_on_one_
     torch.testing.assert_close(got, want)
 
 
+def test_on_cublas_says_where_gemm_with_out_goes(auto_on_one_sm):
+    """on_cublas (what the launch groups ask, so that they never capture a cuBLAS call) agrees
+    with where gemm(a, b, out=...) runs; the cute backend never says cuBLAS."""
+    fake, auto = auto_on_one_sm, backends.AutoBackend
+    bf = torch.bfloat16
+    b = torch.randn(64, 256, dtype=bf)
+    for rows, out_dtype, accumulate in ((100, bf, False), (300, bf, False), (100, torch.float32, False),
+                                        (100, bf, True)):
+        a, out = torch.randn(rows, 64, dtype=bf), torch.zeros(rows, 256, dtype=out_dtype)
+        before = len(fake.calls)
+        auto.gemm(a, b, out=out, accumulate=accumulate)
+        ran_on_cublas = len(fake.calls) == before
+        assert auto.on_cublas(a, b, out, accumulate) is ran_on_cublas, (rows, out_dtype, accumulate)
+        assert backends.CuteBackend.on_cublas(a, b, out, accumulate) is False
+    assert [c[1] for c in fake.calls] == [300, 100, 100]  # only the first went to cuBLAS
+
+
 def test_auto_transient_bytes_are_none_on_cublas(auto_on_one_sm):
     dev = torch.device("cpu")
     assert backends.AutoBackend.transient_bytes(100, 256, 4096, dev) == 0
