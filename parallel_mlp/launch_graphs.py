@@ -65,7 +65,12 @@ _SEEN_LIMIT = 4 * MAX_GRAPHS  # keys seen once, remembered (oldest forgotten fir
 
 
 def enabled_by_env() -> bool:
-    return os.environ.get(ENV, "0").strip().lower() in ("1", "true", "on", "yes")
+    """PARALLEL_MLP_LAUNCH_GRAPHS: "1" on, "0" (or unset) off; anything else is refused, as the
+    other PARALLEL_MLP_ switches refuse theirs (fused_act.mode)."""
+    value = os.environ.get(ENV, "0").strip() or "0"
+    if value not in ("0", "1"):
+        raise ValueError(f"{ENV}={value!r}: must be 0 or 1")
+    return value == "1"
 
 
 def tensor_key(t: torch.Tensor) -> tuple:

@@ -124,7 +124,7 @@ def test_under_someone_elses_capture_the_launches_run_plainly():
     assert len(calls) == 3 and rec.captured == [] and graphs.stats == {"plain": 3}
 
 
-@pytest.mark.parametrize("value, on", [(None, False), ("0", False), ("1", True), ("on", True)])
+@pytest.mark.parametrize("value, on", [(None, False), ("0", False), ("1", True), ("", False)])
 def test_the_environment_turns_them_on(monkeypatch, value, on):
     if value is None:
         monkeypatch.delenv(ENV, raising=False)
@@ -357,3 +357,9 @@ def test_a_site_that_gave_up_launches_one_by_one_again(groups, monkeypatch):
     into_outputs_made_ahead = [c[1] for c in GroupOps.calls if c[0] == "gemm_act"]
     assert into_outputs_made_ahead == [True, True, False, False]
     assert rec.captured == []
+
+
+def test_the_environment_refuses_a_value_it_does_not_know(monkeypatch):
+    monkeypatch.setenv(ENV, "yes")
+    with pytest.raises(ValueError, match="PARALLEL_MLP_LAUNCH_GRAPHS='yes': must be 0 or 1"):
+        LaunchGraphs()
