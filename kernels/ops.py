@@ -241,6 +241,34 @@ def _pack_tensors(buf, offset: int, tensors, stream_handle: int) -> None:
     _POINTER.pack_into(buf, offset, stream_handle)
 
 
+# Where this thread's launches take their transient device workspace (the tile counter, stream-K's
+# partial sums and flags): None for fresh blocks of the caching allocator, else a function
+# (words, device) -> int32 tensor that workspace_from installs.
+_workspace_source = threading.local()
+
+
+@contextlib.contextmanager
+def workspace_from(take):
+    """Launches in this thread take their workspace from ``take(words, device)`` (an int32 tensor
+    of ``words`` elements, its contents undefined) for the length of the context instead of
+    allocating it. launch_graphs captures under it, so that a captured group allocates nothing:
+    an allocation during a capture goes to whichever pool routes this thread's allocations
+    (``torch.cuda.use_mem_pool`` wins over the graph's own pool), and such a pool would hand the
+    block to another tensor while the graph still writes it at every replay."""
+    previous = getattr(_workspace_source, "take", None)
+    _workspace_source.take = take
+    try:
+        yield
+    finally:
+        _workspace_source.take = previous
+
+
+def _workspace(words: int, device: torch.device):
+    """The installed source's workspace (see workspace_from), or None: allocate one."""
+    take = getattr(_workspace_source, "take", None)
+    return None if take is None else take(words, device)
+
+
 def _tile_counter(device: torch.device) -> torch.Tensor:
     """A zeroed int32 tile counter for one launch of a dynamic-scheduler kernel.
 
@@ -252,7 +280,10 @@ def _tile_counter(device: torch.device) -> torch.Tensor:
     never share a live counter. A shared counter reset with `zero_()` would need all three of
     those cases locked or separated. The cost is the memset launch a reset would cost anyway.
     """
-    return torch.zeros(1, dtype=torch.int32, device=device)
+    counter = _workspace(1, device)
+    if counter is None:
+        return torch.zeros(1, dtype=torch.int32, device=device)
+    return counter.zero_()
 
 
 def _stream_k_words(m: int, n: int, k: int, cfg) -> tuple[int, int]:
@@ -273,7 +304,9 @@ def _stream_k_workspace(m: int, n: int, k: int, cfg, device: torch.device) -> to
     its partial-sum slots left as they are (each is written before it is read). Fresh per launch
     for the reasons _tile_counter gives."""
     words, flags = _stream_k_words(m, n, k, cfg)
-    ws = torch.empty(words, dtype=torch.int32, device=device)
+    ws = _workspace(words, device)
+    if ws is None:
+        ws = torch.empty(words, dtype=torch.int32, device=device)
     ws[:flags].zero_()
     return ws
 

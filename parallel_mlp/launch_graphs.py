@@ -13,10 +13,14 @@ captured group's did (pointer, shape, strides, dtype) and the ops and options ar
 tuple is the graph's key, which the caller builds (``tensor_key``). The caller allocates the
 group's outputs before it, from the caching allocator as always, so nothing the caller sees lives
 in a graph's memory; a training loop of fixed shapes gets the same addresses back step after step,
-so its keys repeat. A graph's own memory holds only the launches' transient workspace (stream-K
-partial sums and flags, a tile counter), zeroed by memset nodes as the launches zero it, in one
-pool per device and stream that the graphs captured there share: their transients never outlive a
-replay, and replays on one stream run one after another.
+so its keys repeat. A captured group allocates nothing: the launches' transient workspace
+(stream-K partial sums and flags, a tile counter; zeroed by memset nodes as the launches zero it)
+is a slice of one buffer per device and stream, made between captures and held by the graphs
+captured with it. The graphs of a stream can share it since a replay's workspace is dead when the
+replay ends and replays on one stream run one after another. (An allocation inside a capture
+would go to whichever pool routes the thread's allocations, a ``torch.cuda.use_mem_pool`` of the
+caller's before the graph's own, and that pool could hand the block to another tensor while the
+graph still writes it at each replay; a capture that allocates fails.)
 
 When it runs: only where turned on (``PARALLEL_MLP_LAUNCH_GRAPHS=1`` in the environment, or
 ``GRAPHS.enabled = True``), at one rank without biases on the CuTe kernels (autograd.py says
@@ -179,42 +183,97 @@ class LaunchGraphs:
             self._seen.clear()
             self._sites.clear()
             self.stats.clear()
+            _workspaces.clear()  # each graph holds its own; the next capture makes a new one
 
     def __len__(self) -> int:
         return len(self._graphs)
 
 
 _side_streams: dict = {}
-# (device index, stream) -> the first graph captured for that stream. Its pool is the one every
-# later graph of the stream shares, and a pool lives only while a graph of it does: holding this
-# one keeps the pool's handle good when the graphs above are dropped (cleared, or least recently
-# replayed). A handle whose graphs were all gone failed every later capture (H200, 2026-12-03).
-_pool_anchors: dict = {}
+# (device index, stream) -> the int32 buffer that the graphs captured for that stream take their
+# launches' workspace from (the tile counter, stream-K's partial sums and flags). One buffer serves
+# them all, as one pool would: a replay's workspace is dead when it ends, and replays on one stream
+# run one after another. Each graph holds the buffer it was captured with (``graph.workspace``), so
+# growing the buffer for a larger group leaves the earlier graphs theirs.
+_workspaces: dict = {}
+WORKSPACE_ALIGN = 128  # int32 words (512 B), the alignment of the caching allocator's own blocks
+
+
+class _WorkspaceFull(Exception):
+    """The group needs more workspace than the buffer holds: capture again with a larger one."""
+
+
+class _Workspace:
+    """Hands a capture's launches consecutive, aligned slices of one buffer, in launch order."""
+
+    def __init__(self, buffer: torch.Tensor | None):
+        self.buffer = buffer
+        self.used = 0  # words handed out so far, alignment included
+
+    def take(self, words: int, device: torch.device) -> torch.Tensor:
+        start = self.used
+        self.used = start + -(-words // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
+        if self.buffer is None or self.used > self.buffer.numel():
+            raise _WorkspaceFull()
+        return self.buffer[start:start + words]
+
+
+def capture_with_workspace(capture_once: Callable, slot: Hashable, device: torch.device):
+    """``capture_once(take)`` captures a group with its launches' workspace from ``take`` (see
+    ops.workspace_from); captured again with a larger buffer (twice the last, at least what the
+    launches asked for so far) while the buffer of ``slot`` is too small. The buffer is allocated
+    between captures, never during one; the graph keeps a reference to it."""
+    while True:
+        workspace = _Workspace(_workspaces.get(slot))
+        try:
+            graph = capture_once(workspace.take)
+        except _WorkspaceFull:
+            size = 0 if workspace.buffer is None else workspace.buffer.numel()
+            _workspaces[slot] = torch.empty(max(2 * size, workspace.used), dtype=torch.int32,
+                                            device=device)
+            continue
+        graph.workspace = workspace.buffer
+        return graph
+
+
+def _allocations(index: int) -> int:
+    return torch.cuda.memory_stats(index).get("allocation.all.allocated", 0)
 
 
 def _capture_cuda_graph(launches: Callable[[], None], device: torch.device):
     """A torch.cuda.CUDAGraph of ``launches`` on the current stream's behalf: captured on a side
     stream (the legacy default stream cannot be captured), in this thread's capture mode alone
-    (other threads keep running), into the pool of this device and stream."""
+    (other threads keep running), allocating nothing: the launches' workspace comes from the
+    stream's buffer (capture_with_workspace). An allocation during the capture is refused (the
+    capture fails, and the graphs turn off), since a pool of the caller's (torch.cuda.use_mem_pool)
+    would have taken it and could give it to another tensor between replays."""
+    from .kernels import ops
+
     index = device.index if device.index is not None else torch.cuda.current_device()
     current = torch.cuda.current_stream(index)
     side = _side_streams.get(index)
     if side is None:
         side = _side_streams[index] = torch.cuda.Stream(index)
-    anchor = _pool_anchors.get((index, current.cuda_stream))
-    pool = anchor.pool() if anchor is not None else torch.cuda.graph_pool_handle()
-    side.wait_stream(current)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(side):
-        graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+
+    def capture_once(take):
+        graph = torch.cuda.CUDAGraph()
+        side.wait_stream(current)
+        before = _allocations(index)
         try:
-            launches()
+            with torch.cuda.stream(side):
+                graph.capture_begin(capture_error_mode="thread_local")
+                try:
+                    with ops.workspace_from(take):
+                        launches()
+                finally:
+                    graph.capture_end()
         finally:
-            graph.capture_end()
-    current.wait_stream(side)
-    if anchor is None:
-        _pool_anchors[(index, current.cuda_stream)] = graph
-    return graph
+            current.wait_stream(side)
+        if _allocations(index) != before:
+            raise RuntimeError("the launches allocated device memory while being captured")
+        return graph
+
+    return capture_with_workspace(capture_once, (index, current.cuda_stream), device)
 
 
 def _replay_cuda_graph(graph, launches) -> None:

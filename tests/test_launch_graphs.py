@@ -363,3 +363,72 @@ def test_the_environment_refuses_a_value_it_does_not_know(monkeypatch):
     monkeypatch.setenv(ENV, "yes")
     with pytest.raises(ValueError, match="PARALLEL_MLP_LAUNCH_GRAPHS='yes': must be 0 or 1"):
         LaunchGraphs()
+
+
+def _workspace_group(calls):
+    """A group's workspace requests as the ops make them: a stream-K GEMM's workspace (fc2 at
+    h=7168 on 132 SMs: 128 flag words and 132 partial-sum slots) and a dynamic scheduler's tile
+    counter. Returns what each launch got."""
+    from parallel_mlp.kernels.config import GemmConfig
+    from parallel_mlp.kernels.ops import _stream_k_workspace, _tile_counter
+
+    cpu = torch.device("cpu")
+    cfg = GemmConfig(128, 256, 2, 1, 16, stream_k=True)
+    got = [_stream_k_workspace(8192, 4096, 7168, cfg, cpu)]
+    calls.append(len(got))
+    got.append(_tile_counter(cpu))
+    return got
+
+
+def test_a_capture_takes_its_launches_workspace_from_the_streams_buffer(monkeypatch):
+    """Under capture the ops allocate no workspace: each launch gets its own aligned slice of the
+    stream's buffer, in launch order, flags and counter zeroed; a buffer too small is replaced by
+    a larger one between captures (the capture runs again), and every graph keeps the buffer its
+    launches point into."""
+    from parallel_mlp import launch_graphs
+    from parallel_mlp.kernels import ops
+
+    monkeypatch.setattr(launch_graphs, "_workspaces", {})
+    attempts, handed = [], []
+
+    def capture_once(take):
+        with ops.workspace_from(take):
+            got = _workspace_group(attempts)
+        handed.append(got)
+        return SimpleNamespace()
+
+    slot = ("device 0", "stream")
+    graph = launch_graphs.capture_with_workspace(capture_once, slot, torch.device("cpu"))
+    assert len(attempts) == 2  # no buffer yet: the first attempt stops at its first request
+    buffer = graph.workspace
+    words = 128 + 132 * 128 * 256
+    assert buffer is launch_graphs._workspaces[slot] and buffer.numel() >= words + 1
+    ws, counter = handed[-1]
+    base = buffer.data_ptr()
+    assert ws.data_ptr() == base and ws.numel() == words and (ws[:128] == 0).all()
+    start = -(-words // launch_graphs.WORKSPACE_ALIGN) * launch_graphs.WORKSPACE_ALIGN
+    assert counter.data_ptr() == base + 4 * start and counter.numel() == 1 and counter.item() == 0
+
+    # The next group fits: the same buffer, no new attempt.
+    again = launch_graphs.capture_with_workspace(capture_once, slot, torch.device("cpu"))
+    assert again.workspace is buffer and len(attempts) == 3
+
+    # A group that needs more: a larger buffer for it, the earlier graphs keep theirs.
+    def twice(take):
+        with ops.workspace_from(take):
+            _workspace_group(attempts)
+            _workspace_group(attempts)
+        return SimpleNamespace()
+
+    bigger = launch_graphs.capture_with_workspace(twice, slot, torch.device("cpu"))
+    assert bigger.workspace.numel() >= 2 * start + words and bigger.workspace is not buffer
+    assert graph.workspace is buffer and launch_graphs._workspaces[slot] is bigger.workspace
+    assert ops._workspace(1, torch.device("cpu")) is None  # the source is the caller's again
+
+
+def test_outside_a_capture_the_ops_allocate_their_workspace():
+    """Without an installed source each launch gets a fresh block (what the launch-by-launch path
+    and other streams rely on: no two live launches share a counter)."""
+    first, second = _workspace_group([]), _workspace_group([])
+    assert all(a.data_ptr() != b.data_ptr() for a, b in zip(first, second))
+    assert first[1].item() == 0 and (first[0][:128] == 0).all()

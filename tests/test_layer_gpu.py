@@ -349,6 +349,18 @@ def test_cuda_graph_replays_give_the_uncaptured_bits(recompute, main_grad):
             f"{name}.main_grad: the replays' accumulation differs from the plain calls'"
 
 
+@pytest.mark.gpu
+def test_launch_graphs_refuse_a_capture_that_allocates():
+    """A launch group that allocates while captured is refused, not replayed: the block would
+    belong to whichever pool routes the thread's allocations (a caller's use_mem_pool first)."""
+    needs_cute()
+    from parallel_mlp.launch_graphs import _capture_cuda_graph
+
+    with pytest.raises(RuntimeError, match="allocated device memory"):
+        _capture_cuda_graph(lambda: torch.empty(1 << 20, device="cuda").fill_(1),
+                            torch.device("cuda"))
+
+
 # Shapes of host-bound fused steps (each GEMM's plan differs: 128x64 and 128x192 tiles, stream-K
 # and the dynamic scheduler among them) with tails in M and K, on the path users get ("auto":
 # the fused kernels at T=8192 d=1024; "cute" where auto would take the small step).
@@ -393,17 +405,22 @@ def test_launch_graphs_replay_the_launches_bits(tokens, d, h, activation, backen
         grads = [x.grad] + [p.main_grad if mode == "main_grad" else p.grad for p in params]
         return [t.clone() for t in grads], mlp(x).detach(), peaks[-1], dict(GRAPHS.stats)
 
+    enabled = GRAPHS.enabled
     try:
         on_grads, on_y, on_peak, stats = steps(True)
         off_grads, off_y, off_peak, off_stats = steps(False)
-        again = steps(True)[3]  # after every graph was dropped: the shared pool is still good
+        # After every graph was dropped, and under a pool of the caller's that takes this
+        # thread's allocations (nothing captured may allocate: the capture would fail).
+        with torch.cuda.use_mem_pool(torch.cuda.MemPool()):
+            pooled_grads, pooled_y, _, again = steps(True)
     finally:
-        GRAPHS.enabled = True
+        GRAPHS.enabled = enabled
         GRAPHS.clear()
     for run in (stats, again):
         assert run.get("replays", 0) >= 3 * 4 and not run.get("capture failures"), run
     assert not off_stats.get("replays"), off_stats
-    assert torch.equal(on_y, off_y)
-    for name, a, b in zip(("dx", "dW1", "dW2"), on_grads, off_grads):
+    assert torch.equal(on_y, off_y) and torch.equal(pooled_y, off_y)
+    for name, a, b, c in zip(("dx", "dW1", "dW2"), on_grads, off_grads, pooled_grads):
         assert torch.equal(a, b), f"{name} replayed from graphs differs from the plain launches"
+        assert torch.equal(c, b), f"{name} replayed under the caller's pool differs"
     assert on_peak <= off_peak, f"graphs: step peak {on_peak / 2**20:.1f} MiB, plain {off_peak / 2**20:.1f}"
