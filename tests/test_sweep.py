@@ -424,6 +424,15 @@ def test_header_says_when_autograd_threads_were_off():
     assert sweep.parse_args(["--no-autograd-threads"]).no_autograd_threads
 
 
+def test_header_says_when_launch_graphs_were_on():
+    results = fake_results()
+    assert "launch graphs on" not in sweep_report.format_sweep(results)
+    results["meta"]["launch_graphs"] = True
+    assert "launch graphs on: ours replayed its launch groups" in sweep_report.format_sweep(results)
+    assert sweep.parse_args(["--launch-graphs"]).launch_graphs
+    assert not sweep.parse_args([]).launch_graphs
+
+
 def test_summary_compares_the_graphed_variants():
     results = fake_results()
     # graphed: eager 0.19 -> 0.10 at the small shape, ours 0.2 -> 0.08; the big shapes gain ~0

@@ -39,6 +39,7 @@ import torch
 from .. import small_step
 from ..activations import get_activation
 from ..backends import CuteBackend
+from ..launch_graphs import GRAPHS
 from . import quack_baseline, report, sweep_report
 from .harness import (
     Ctx,
@@ -165,6 +166,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="run every variant's backward on the calling thread "
                         "(torch.autograd.set_multithreading_enabled(False)) instead of autograd's "
                         "CUDA device thread, as a user can choose for host-bound steps")
+    p.add_argument("--launch-graphs", action="store_true",
+                   help="ours with its launch groups replayed from CUDA graphs "
+                        "(launch_graphs.GRAPHS, PARALLEL_MLP_LAUNCH_GRAPHS=1) for the whole run")
     p.add_argument("--tokens", default=None,
                    help="only the grid's shapes with these tokens per rank, e.g. 512,1000,2048")
     p.add_argument("--skip-compile", action="store_true", help="no torch.compile baseline")
@@ -448,8 +452,11 @@ def run(args: argparse.Namespace) -> dict:
 
     if args.no_autograd_threads:
         torch.autograd.set_multithreading_enabled(False)  # for the whole run, every variant
+    if args.launch_graphs:
+        GRAPHS.enabled = True
     meta = environment(ctx) | {
-        "mode": "sweep", "autograd_threads": not args.no_autograd_threads, "dtype": args.dtype,
+        "mode": "sweep", "autograd_threads": not args.no_autograd_threads,
+        "launch_graphs": GRAPHS.enabled, "dtype": args.dtype,
         "hold_s": args.hold_s, "rounds": args.rounds, "short_turns_s": args.short_turns_s,
         "warmup": args.warmup, "iters": args.iters, "dry_run": args.dry_run,
         "quick": args.quick, "variants": names, "budget_s": args.budget_s, "estimate": plan,
