@@ -189,7 +189,9 @@ class LaunchGraphs:
         return len(self._graphs)
 
 
-_side_streams: dict = {}
+# Per thread, device index -> the side stream that thread captures on: two threads capturing at
+# once (thread-local capture mode) must not capture into one stream.
+_side_streams = threading.local()
 # (device index, stream) -> the int32 buffer that the graphs captured for that stream take their
 # launches' workspace from (the tile counter, stream-K's partial sums and flags). One buffer serves
 # them all, as one pool would: a replay's workspace is dead when it ends, and replays on one stream
@@ -251,25 +253,29 @@ def _capture_cuda_graph(launches: Callable[[], None], device: torch.device):
 
     index = device.index if device.index is not None else torch.cuda.current_device()
     current = torch.cuda.current_stream(index)
-    side = _side_streams.get(index)
+    streams = _side_streams.__dict__
+    side = streams.get(index)
     if side is None:
-        side = _side_streams[index] = torch.cuda.Stream(index)
+        side = streams[index] = torch.cuda.Stream(index)
 
     def capture_once(take):
         graph = torch.cuda.CUDAGraph()
         side.wait_stream(current)
-        before = _allocations(index)
         try:
             with torch.cuda.stream(side):
                 graph.capture_begin(capture_error_mode="thread_local")
                 try:
+                    # counted after capture_begin, which allocates the graph's RNG seed and offset
+                    # (16 bytes that the graph holds)
+                    before = _allocations(index)
                     with ops.workspace_from(take):
                         launches()
+                    allocated = _allocations(index) != before
                 finally:
                     graph.capture_end()
         finally:
             current.wait_stream(side)
-        if _allocations(index) != before:
+        if allocated:
             raise RuntimeError("the launches allocated device memory while being captured")
         return graph
 
