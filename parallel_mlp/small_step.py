@@ -46,6 +46,14 @@ against eager's:
   ms on a slow host, 0.365 against 0.369 on a fast one). So such steps run fused from
   ``MAX_FLOP_NARROW``.
 
+With launch graphs (launch_graphs.py: the fused path's launch groups replayed from CUDA graphs,
+its host time a few graph launches), gated steps run fused at every size: at the sweep's two
+gated small steps the fused kernels ran faster than the small step, T=512 d=1024 h=2816 0.682
+against 0.737 ms and T=512 d=8192 h=2752 0.606 against 0.669 (eager 0.681 and 0.576), while the
+non-gated small steps stayed faster as plain ops (T=512 d=1024 h=512 0.301 against 0.450 ms,
+T=4096 d=1024 h=4096 0.369 against 0.473, and ties at 825 GFLOP and above) (`bench sweep
+--launch-graphs`, H200, 2026-12-03, a slow host: a tiny eager step's host time 636 µs).
+
 Only where nothing else is asked of the fused path: one rank (no collective to run or hide),
 default memory mode (``recompute=True`` promises to keep x alone), no fused gradient
 accumulation (``fuse_grad_accum=True`` promises the weight gradient lands in ``main_grad`` in
@@ -93,10 +101,14 @@ def step_flop(rows: int, in_features: int, fc1_rows: int, hidden: int, out_featu
 
 def applies(rows: int, in_features: int, fc1_rows: int, hidden: int, out_features: int, *,
             device_type: str, backend: str, tp_size: int, recompute: bool,
-            fuse_grad_accum: bool, compiling: bool, gate_ops: bool) -> bool:
+            fuse_grad_accum: bool, compiling: bool, gate_ops: bool,
+            launch_graphs: bool) -> bool:
     """Whether a step with these sizes and options runs as plain autograd ops (gated: fc1_rows
     is twice hidden; ``gate_ops``: the activation is ``a(g) * u`` with gate ops, so that its
-    small step would be a lean function from one row per input feature)."""
+    small step would be a lean function from one row per input feature; ``launch_graphs``: the
+    fused path would replay its launch groups from CUDA graphs, launch_graphs.py)."""
+    if launch_graphs and fc1_rows != hidden:
+        return False  # gated steps run fused at every size under launch graphs (see above)
     if fc1_rows == hidden:
         limit = MAX_FLOP_NARROW if in_features <= NARROW_MAX_IN_FEATURES else MAX_FLOP
     elif keeps_gate_and_up_alone(rows, in_features, gate_ops):

@@ -13,7 +13,7 @@ from parallel_mlp.activations import TORCH_MATH, interleaved_pairs
 # T=512 d=1024 swiglu h=2816: 26.6 GFLOP per fwd+bwd, far below the threshold.
 SMALL = dict(rows=512, in_features=1024, fc1_rows=5632, hidden=2816, out_features=1024)
 OPTIONS = dict(device_type="cuda", backend="auto", tp_size=1, recompute=False,
-               fuse_grad_accum=False, compiling=False, gate_ops=True)
+               fuse_grad_accum=False, compiling=False, gate_ops=True, launch_graphs=False)
 
 
 def applies(sizes=SMALL, **changes):
@@ -208,11 +208,41 @@ def test_the_layer_runs_the_small_step_when_the_rule_says_so(monkeypatch):
     assert not type(y.grad_fn).__name__.startswith("ParallelMLPFunction")
     assert asked == [((10, 16, 24, 12, 9), dict(device_type="cpu", backend="auto", tp_size=1,
                                                  recompute=False, fuse_grad_accum=False,
-                                                 compiling=False, gate_ops=True))]
+                                                 compiling=False, gate_ops=True,
+                                                 launch_graphs=False))]
     y.backward(dy)
     torch.testing.assert_close(y, fused)
     for got, want in zip((x.grad, mlp.fc1.weight.grad, mlp.fc2.weight.grad), fused_grads):
         torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("enabled,bias,want", [(True, False, True), (True, True, False),
+                                                (False, False, False)])
+def test_the_layer_tells_the_rule_whether_its_groups_would_replay(monkeypatch, enabled, bias,
+                                                                   want):
+    """launch_graphs=True only where the fused path would replay launch groups: the graphs on
+    and no biases (a step with biases launches one by one)."""
+    from parallel_mlp.launch_graphs import GRAPHS
+
+    asked = []
+    monkeypatch.setattr(small_step, "applies", lambda *a, **k: asked.append(k) or False)
+    monkeypatch.setattr(GRAPHS, "enabled", enabled)
+    ParallelMLP(16, 12, activation="swiglu", bias1=bias, bias2=bias)(torch.randn(4, 16))
+    assert [k["launch_graphs"] for k in asked] == [want]
+
+
+def test_gated_steps_run_fused_at_every_size_under_launch_graphs():
+    """bench sweep --launch-graphs, H200: at the two gated small steps of the grid the fused
+    kernels, their groups replayed, beat the small step; the non-gated small steps stayed
+    faster as plain ops, so their rule is the one without graphs."""
+    assert applies() and not applies(launch_graphs=True)  # T=512 d=1024 swiglu, 27 GFLOP
+    t512_d8192 = dict(rows=512, in_features=8192, fc1_rows=5504, hidden=2752, out_features=8192)
+    assert applies(t512_d8192) and not applies(t512_d8192, launch_graphs=True)
+    assert not applies(gate_ops=False, launch_graphs=True)
+    for gelu in (dict(rows=512, in_features=1024, fc1_rows=512, hidden=512, out_features=1024),
+                 dict(rows=4096, in_features=1024, fc1_rows=4096, hidden=4096,
+                      out_features=1024)):
+        assert applies(gelu, gate_ops=False, launch_graphs=True)
 
 
 def test_an_explicit_backend_never_asks_the_rule(monkeypatch):

@@ -62,7 +62,7 @@ def main(argv=None) -> int:
         rows = w1.shape[0]
         small = applies(T, d, rows, h, d, device_type="cuda", backend="auto", tp_size=1,
                         recompute=False, fuse_grad_accum=False, compiling=False,
-                        gate_ops=ACTIVATIONS[act].gate is not None)
+                        gate_ops=ACTIVATIONS[act].gate is not None, launch_graphs=False)
         backend = "cute" if small else "auto"
         ours = build_parallel_mlp(w1, w2, act, h, backend=backend)
         eager = EagerMLP(chunked_w1(w1, gated), w2.clone(), act)

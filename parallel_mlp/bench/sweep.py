@@ -377,7 +377,8 @@ def takes_small_step(ctx: Ctx, shape: Shape) -> bool:
                               shape.shard, shape.d, device_type=ctx.device.type,
                               backend=ctx.backend, tp_size=1, recompute=False,
                               fuse_grad_accum=False, compiling=False,
-                              gate_ops=get_activation(shape.act).gate is not None)
+                              gate_ops=get_activation(shape.act).gate is not None,
+                              launch_graphs=GRAPHS.enabled)  # the sweep's layers have no biases
 
 
 def sweep_row(ctx: Ctx, shape: Shape, names, quack_tuned: bool,
