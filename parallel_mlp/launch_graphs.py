@@ -69,9 +69,9 @@ _SEEN_LIMIT = 4 * MAX_GRAPHS  # keys seen once, remembered (oldest forgotten fir
 
 
 def enabled_by_env() -> bool:
-    """PARALLEL_MLP_LAUNCH_GRAPHS: "1" on, "0" (or unset) off; anything else is refused, as the
+    """PARALLEL_MLP_LAUNCH_GRAPHS: "1" (or unset) on, "0" off; anything else is refused, as the
     other PARALLEL_MLP_ switches refuse theirs (fused_act.mode)."""
-    value = os.environ.get(ENV, "0").strip() or "0"
+    value = os.environ.get(ENV, "1").strip() or "1"
     if value not in ("0", "1"):
         raise ValueError(f"{ENV}={value!r}: must be 0 or 1")
     return value == "1"

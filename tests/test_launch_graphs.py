@@ -124,8 +124,8 @@ def test_under_someone_elses_capture_the_launches_run_plainly():
     assert len(calls) == 3 and rec.captured == [] and graphs.stats == {"plain": 3}
 
 
-@pytest.mark.parametrize("value, on", [(None, False), ("0", False), ("1", True), ("", False)])
-def test_the_environment_turns_them_on(monkeypatch, value, on):
+@pytest.mark.parametrize("value, on", [(None, True), ("0", False), ("1", True), ("", True)])
+def test_on_unless_the_environment_turns_them_off(monkeypatch, value, on):
     if value is None:
         monkeypatch.delenv(ENV, raising=False)
     else:

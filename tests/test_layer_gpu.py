@@ -269,18 +269,23 @@ def test_tp2_overlap_on_nccl_equals_plain():
 
 def _step_peak_over_start(model, x, dy):
     """Bytes a training step (fresh grads, dx) allocates above what is resident before it, after
-    a first step has made the one-time buffers (kernels, cuBLAS's workspace)."""
+    the steps that make the one-time buffers (kernels, cuBLAS's workspace; the launch groups'
+    graphs and their workspace buffer, captured at a group's second sighting)."""
     from parallel_mlp.bench.models import clear_grads, train_step
+    from parallel_mlp.launch_graphs import GRAPHS
 
-    train_step(model, x, dy)
-    clear_grads(model, [x])
+    for _ in range(4):
+        train_step(model, x, dy)
+        clear_grads(model, [x])
     torch.cuda.synchronize()
+    captures = GRAPHS.stats["captures"]
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
     train_step(model, x, dy)
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - before
     clear_grads(model, [x])
+    assert GRAPHS.stats["captures"] == captures, "the measured step still captured"
     return peak
 
 
