@@ -403,16 +403,23 @@ def test_small_step_rows_show_the_fused_kernels_beside_them():
     assert "small step vs" not in sweep_report.format_sweep(fake_results())
 
 
-def test_ours_takes_the_small_step_where_the_layer_would():
+def test_ours_takes_the_small_step_where_the_layer_would(monkeypatch):
+    from parallel_mlp.launch_graphs import GRAPHS
+
     def ctx(backend, device="cuda"):
         return SimpleNamespace(backend=backend, device=torch.device(device))
 
+    monkeypatch.setattr(GRAPHS, "enabled", False)
     small, large = Shape(512, 1024, "swiglu", 1), Shape(8192, 4096, "swiglu", 1)
     assert sweep.takes_small_step(ctx("auto"), small)
     assert not sweep.takes_small_step(ctx("auto"), large)
     assert not sweep.takes_small_step(ctx("cute"), small)
     assert not sweep.takes_small_step(ctx("auto", "cpu"), small)
     assert sweep.parse_args([]).backend == "auto"
+    # under launch graphs (the default) gated steps run fused; not gated, the rule is the same
+    monkeypatch.setattr(GRAPHS, "enabled", True)
+    assert not sweep.takes_small_step(ctx("auto"), small)
+    assert sweep.takes_small_step(ctx("auto"), Shape(512, 1024, "gelu_tanh_approx", 8))
 
 
 def test_header_says_when_autograd_threads_were_off():
@@ -424,13 +431,14 @@ def test_header_says_when_autograd_threads_were_off():
     assert sweep.parse_args(["--no-autograd-threads"]).no_autograd_threads
 
 
-def test_header_says_when_launch_graphs_were_on():
+def test_header_says_when_launch_graphs_were_off():
     results = fake_results()
-    assert "launch graphs on" not in sweep_report.format_sweep(results)
     results["meta"]["launch_graphs"] = True
-    assert "launch graphs on: ours replayed its launch groups" in sweep_report.format_sweep(results)
-    assert sweep.parse_args(["--launch-graphs"]).launch_graphs
-    assert not sweep.parse_args([]).launch_graphs
+    assert "launch graphs off" not in sweep_report.format_sweep(results)
+    results["meta"]["launch_graphs"] = False
+    assert "launch graphs off: ours launched kernel by kernel" in sweep_report.format_sweep(results)
+    assert sweep.parse_args(["--no-launch-graphs"]).no_launch_graphs
+    assert not sweep.parse_args([]).no_launch_graphs
 
 
 def test_summary_compares_the_graphed_variants():

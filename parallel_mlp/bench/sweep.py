@@ -166,9 +166,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="run every variant's backward on the calling thread "
                         "(torch.autograd.set_multithreading_enabled(False)) instead of autograd's "
                         "CUDA device thread, as a user can choose for host-bound steps")
-    p.add_argument("--launch-graphs", action="store_true",
-                   help="ours with its launch groups replayed from CUDA graphs "
-                        "(launch_graphs.GRAPHS, PARALLEL_MLP_LAUNCH_GRAPHS=1) for the whole run")
+    p.add_argument("--no-launch-graphs", action="store_true",
+                   help="ours launching kernel by kernel, its launch groups never replayed from "
+                        "CUDA graphs (launch_graphs.GRAPHS, as PARALLEL_MLP_LAUNCH_GRAPHS=0 does) "
+                        "for the whole run")
     p.add_argument("--tokens", default=None,
                    help="only the grid's shapes with these tokens per rank, e.g. 512,1000,2048")
     p.add_argument("--skip-compile", action="store_true", help="no torch.compile baseline")
@@ -453,8 +454,8 @@ def run(args: argparse.Namespace) -> dict:
 
     if args.no_autograd_threads:
         torch.autograd.set_multithreading_enabled(False)  # for the whole run, every variant
-    if args.launch_graphs:
-        GRAPHS.enabled = True
+    if args.no_launch_graphs:
+        GRAPHS.enabled = False
     meta = environment(ctx) | {
         "mode": "sweep", "autograd_threads": not args.no_autograd_threads,
         "launch_graphs": GRAPHS.enabled, "dtype": args.dtype,

@@ -48,9 +48,9 @@ def _header(results: dict) -> list[str]:
     if meta.get("autograd_threads") is False:
         lines.append("autograd device threads off: every backward ran on the calling thread "
                      "(torch.autograd.set_multithreading_enabled(False))")
-    if meta.get("launch_graphs"):
-        lines.append("launch graphs on: ours replayed its launch groups from CUDA graphs "
-                     "(PARALLEL_MLP_LAUNCH_GRAPHS=1)")
+    if meta.get("launch_graphs") is False:
+        lines.append("launch graphs off: ours launched kernel by kernel "
+                     "(PARALLEL_MLP_LAUNCH_GRAPHS=0 or --no-launch-graphs)")
     quack = meta.get("quack") or {}
     if quack.get("unavailable"):
         lines.append(f"quack: skipped: {quack['unavailable']}")
