@@ -460,6 +460,17 @@ def _output(out, shape, a, name):
     return out
 
 
+def _plain_rows(t: torch.Tensor, m: int, n: int, dtype: torch.dtype, device) -> bool:
+    """Whether a caller's output is what a fresh one would be: [m, n] of ``dtype`` on
+    ``device``, rows of n elements one after another (a whole tensor or a block of its rows),
+    16-byte multiples starting at a 16-byte aligned address. Such a buffer goes straight to the
+    launch, past _output's and _tensor_reason's checks (what the layer's launch groups and the
+    tensor-parallel overlap's row blocks hand in)."""
+    return (t.stride() == (n, 1) and t.shape == (m, n) and t.dtype == dtype
+            and (n * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
+            and t.device == device)
+
+
 def _storable(m: int, n: int, dtype: torch.dtype, device) -> torch.Tensor:
     """An [m, n] output whose rows TMA can store: contiguous where n's rows are 16-byte
     multiples, else a view of rows padded to one. (Launched on unpadded rows, N=700 in bf16:
@@ -519,6 +530,13 @@ def gemm(a, b, out=None, out_dtype=None, accumulate=False, *, config: Optional[G
         if not out.is_contiguous():  # rows padded for TMA: computed there, handed back contiguous
             return gemm(a, b, out=out, config=config, tuned=tuned, whole_rows=whole_rows,
                         checked=True).contiguous()
+    elif (m and n and k and out.dtype in _DTYPE_NAMES
+          and (not accumulate or out.dtype == torch.float32)
+          and _plain_rows(out, m, n, out.dtype, a.device)):
+        # A caller's buffer laid out as a fresh one would be: straight to the launch.
+        _launch(_spec("accumulate" if accumulate else "store"), a, b, d=out, d_dtype=out.dtype,
+                config=config, tuned=tuned, whole_rows=whole_rows)
+        return out
     if tuple(out.shape) != (m, n):
         raise ValueError(f"out is {tuple(out.shape)}, expected {(m, n)}")
     if accumulate and out.dtype != torch.float32:
@@ -574,6 +592,16 @@ def gemm_act(a, b, activation, bias=None, store_preact=True, *, config: Optional
                 post=postact, bias=bias, d_dtype=a.dtype, config=config, tuned=tuned,
                 whole_rows=whole_rows)
         return preact, postact
+    if (out_postact is not None and (out_preact is not None or not store_preact)
+            and m and n and k and (n * es) % 16 == 0 and (post_n * es) % 16 == 0
+            and _plain_rows(out_postact, m, post_n, a.dtype, a.device)
+            and (not store_preact or _plain_rows(out_preact, m, n, a.dtype, a.device))):
+        # The caller's buffers, laid out as fresh ones would be: straight to the launch.
+        preact = out_preact if store_preact else None
+        _launch(_spec("act", act.name, bias is not None, store_preact), a, b, d=preact,
+                post=out_postact, bias=bias, d_dtype=a.dtype, config=config, tuned=tuned,
+                whole_rows=whole_rows)
+        return preact, out_postact
     # The caller's buffers are checked before anything runs; rows made here are padded where TMA
     # needs it (a gated N that is not a multiple of 16, say), as gemm's are, so the kernel runs
     # at every shape: preact then has the bits a plain gemm of the same shape gives, which
@@ -630,14 +658,18 @@ def gemm_dact(a, b, preact, activation, *, config: Optional[GemmConfig] = None, 
     if not checked:
         _check(a, b)
     es = a.element_size()
-    if (out_dpreact is None and out_postact is None and m and n and k
-            and (width * es) % 16 == 0 and (n * es) % 16 == 0
+    if (m and n and k and (width * es) % 16 == 0 and (n * es) % 16 == 0
             and preact.stride() == (width, 1) and preact.data_ptr() % 16 == 0
-            and preact.device == a.device):
+            and preact.device == a.device
+            and (out_dpreact is None or _plain_rows(out_dpreact, m, width, a.dtype, a.device))
+            and (out_postact is None or _plain_rows(out_postact, m, n, a.dtype, a.device))):
         # The common case, straight to the launch: a contiguous, aligned preact on a's device
-        # (what _tensor_reason would pass) and fresh outputs whose rows TMA can store.
-        dpreact = torch.empty(m, width, dtype=a.dtype, device=a.device)
-        postact = torch.empty(m, n, dtype=a.dtype, device=a.device)
+        # (what _tensor_reason would pass) and outputs whose rows TMA can store, fresh or the
+        # caller's laid out as fresh ones would be.
+        dpreact = (torch.empty(m, width, dtype=a.dtype, device=a.device) if out_dpreact is None
+                   else out_dpreact)
+        postact = (torch.empty(m, n, dtype=a.dtype, device=a.device) if out_postact is None
+                   else out_postact)
         kw = dict(d_dtype=a.dtype, config=config, tuned=tuned, whole_rows=whole_rows)
         if act.gated:
             _launch(_spec("dact", act.name), a, b, post=postact, prein=preact, dpre=dpreact, **kw)

@@ -298,3 +298,60 @@ def test_a_launch_packs_b_as_the_kernels_transposed_view(a_layout, b_layout, epi
     assert packed == [expected, expected]
     assert len(keys) == 1
     assert (keys[0].a_major, keys[0].b_major) == (ops._major(a), ops._major(b.t()))
+
+
+def test_caller_outputs_laid_out_as_fresh_ones_go_straight_to_the_launch(monkeypatch):
+    """gemm's out (bf16 stores and fp32 accumulation), gemm_act's and gemm_dact's buffers that
+    are what fresh outputs would be (whole tensors, or blocks of their rows, as the layer's launch
+    groups and the overlap's row blocks hand in) reach the launch themselves, without the
+    per-buffer checks; a buffer of another layout still takes the checked path. The kernels
+    stubbed out: what is checked is what reaches the launch."""
+    pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
+    from parallel_mlp.bench.host_stub import stubbed_kernels
+
+    launched = []
+    launch = ops._launch
+
+    def record(spec, a, bk, **kw):
+        launched.append({k: v for k, v in kw.items() if k in ("d", "post", "dpre")})
+        return launch(spec, a, bk, **kw)
+
+    def refuse(*args, **kw):
+        raise AssertionError("a plainly laid out buffer was checked")
+
+    a = torch.zeros(100, 64, dtype=torch.bfloat16)
+    b = torch.zeros(64, 32, dtype=torch.bfloat16).t().contiguous().t()
+    dy = torch.zeros(100, 16, dtype=torch.bfloat16)
+    w2 = torch.zeros(16, 16, dtype=torch.bfloat16)
+    with stubbed_kernels():
+        monkeypatch.setattr(ops, "_launch", record)
+        monkeypatch.setattr(ops, "_tensor_reason", refuse)
+        monkeypatch.setattr(ops, "_output", refuse)
+        out = torch.empty(100, 32, dtype=torch.bfloat16)
+        assert ops.gemm(a, b, out=out, checked=True) is out
+        grad = torch.zeros(100, 32)
+        assert ops.gemm(a, b, out=grad, accumulate=True, checked=True) is grad
+        rows = torch.empty(300, 32, dtype=torch.bfloat16)[100:200]  # a block of rows
+        assert ops.gemm(a, b, out=rows, checked=True) is rows
+        pre, post = torch.empty(100, 32, dtype=torch.bfloat16), torch.empty(100, 16, dtype=torch.bfloat16)
+        assert ops.gemm_act(a, b, "swiglu", out_preact=pre, out_postact=post, checked=True) == (pre, post)
+        assert ops.gemm_act(a, b, "swiglu", store_preact=False, out_postact=post,
+                            checked=True) == (None, post)
+        dpre, post2 = torch.empty(100, 32, dtype=torch.bfloat16), torch.empty(100, 16, dtype=torch.bfloat16)
+        got = ops.gemm_dact(dy, w2, pre, "swiglu", out_dpreact=dpre, out_postact=post2, checked=True)
+        assert got[0] is dpre and got[1] is post2
+    assert [e.get("d") is out for e in launched[:1]] == [True]
+    assert launched[1]["d"] is grad and launched[2]["d"] is rows
+    assert launched[3]["d"] is pre and launched[3]["post"] is post
+    assert launched[4]["d"] is None and launched[4]["post"] is post
+    assert launched[5]["dpre"] is dpre and launched[5]["post"] is post2
+
+    # Another layout (a column-major out, a view whose pointer is off 16 bytes): checked.
+    checked = []
+    monkeypatch.undo()
+    with stubbed_kernels():
+        monkeypatch.setattr(ops, "_tensor_reason", lambda t, name: checked.append(name))
+        ops.gemm(a, b, out=torch.empty(32, 100, dtype=torch.bfloat16).t(), checked=True)
+        room = torch.empty(100, 48, dtype=torch.bfloat16)
+        ops.gemm_act(a, b, "swiglu", store_preact=False, out_postact=room[:, 1:17], checked=True)
+    assert len(checked) >= 2
