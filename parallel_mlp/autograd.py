@@ -140,12 +140,18 @@ def _fc2(ops, postact, w2c, tp, sp, overlap):
     return y
 
 
+def replays_launches(b1, b2) -> bool:
+    """What of _in_groups a caller knows before the call: the graphs are on and there are no
+    biases (their sums are torch ops). small_step's rule asks it for a one-rank step."""
+    return GRAPHS.enabled and b1 is None and b2 is None
+
+
 def _in_groups(ops, tp, sp: bool, overlap: bool, x2d, b1c, b2c) -> bool:
     """Whether this call runs its launches in groups that ``launch_graphs.GRAPHS`` may replay:
-    while the graphs are on, at one rank (no collective between launches), without biases
-    (their sums are torch ops), on the CuTe kernels (_kernels_here)."""
-    return (GRAPHS.enabled and tp.size == 1 and not sp and not overlap and b1c is None
-            and b2c is None and ops is not TorchBackend and _kernels_here(ops, x2d))
+    replays_launches, at one rank (no collective between launches), on the CuTe kernels
+    (_kernels_here)."""
+    return (replays_launches(b1c, b2c) and tp.size == 1 and not sp and not overlap
+            and ops is not TorchBackend and _kernels_here(ops, x2d))
 
 
 def _kernels_here(ops, x2d) -> bool:

@@ -10,11 +10,10 @@ from torch import nn
 from . import checkpoint
 from . import overlap as overlap_mod
 from .activations import get_activation
-from .autograd import ParallelMLPFunction
+from .autograd import ParallelMLPFunction, replays_launches
 from .backends import check_backend_name
 from .checks import (check_sequence_parallel_input, check_shards, require_divisible,
                      require_positive_int)
-from .launch_graphs import GRAPHS
 from .params import set_muon_hooks, set_tp_metadata
 from . import small_step
 from .tp import TPGroup, all_gather_objects, resolve_group
@@ -45,7 +44,7 @@ def parallel_mlp_func(x, w1, w2, activation, *, b1=None, b2=None, tp_group=None,
             device_type=x.device.type, backend=backend, tp_size=tp.size, recompute=recompute,
             fuse_grad_accum=fuse_grad_accum, compiling=torch.compiler.is_compiling(),
             gate_ops=act.gate is not None,
-            launch_graphs=GRAPHS.enabled and b1 is None and b2 is None):
+            launch_graphs=replays_launches(b1, b2)):
         return small_step.small_step(x, w1, b1, w2, b2, act)
     overlap = overlap_mod.enabled(tp_comm_overlap, tp, x.device.type)
     return _apply_function(x, w1, b1, w2, b2, act, tp, bool(recompute), bool(fuse_grad_accum),

@@ -39,7 +39,7 @@ import time
 
 import torch
 
-from ..launch_graphs import GRAPHS
+from ..autograd import replays_launches
 from .timing import host_us_per_call, turn_order
 
 # The host-bound step the --step and --stub probes run: tokens, width, hidden size, activation.
@@ -229,7 +229,7 @@ def forward_probe(calls: int, shape: tuple[int, int, int, str] = STEP_SHAPE,
             x.numel() // x.shape[-1], W1.shape[1], W1.shape[0], W2.shape[1], W2.shape[0],
             device_type=x.device.type, backend="auto", tp_size=tp.size, recompute=False,
             fuse_grad_accum=False, compiling=torch.compiler.is_compiling(),
-            gate_ops=a.gate is not None, launch_graphs=GRAPHS.enabled),
+            gate_ops=a.gate is not None, launch_graphs=replays_launches(None, None)),
         "torch.compiler.is_compiling": torch.compiler.is_compiling,
         "empty lambda": lambda: None,
     }

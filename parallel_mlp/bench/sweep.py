@@ -38,6 +38,7 @@ import torch
 
 from .. import small_step
 from ..activations import get_activation
+from ..autograd import replays_launches
 from ..backends import CuteBackend
 from ..launch_graphs import GRAPHS
 from . import quack_baseline, report, sweep_report
@@ -379,7 +380,7 @@ def takes_small_step(ctx: Ctx, shape: Shape) -> bool:
                               backend=ctx.backend, tp_size=1, recompute=False,
                               fuse_grad_accum=False, compiling=False,
                               gate_ops=get_activation(shape.act).gate is not None,
-                              launch_graphs=GRAPHS.enabled)  # the sweep's layers have no biases
+                              launch_graphs=replays_launches(None, None))  # no biases
 
 
 def sweep_row(ctx: Ctx, shape: Shape, names, quack_tuned: bool,
