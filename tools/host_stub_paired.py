@@ -1,6 +1,6 @@
 """The layer's host time at two git revisions, paired in one process, with the kernels stubbed.
 
-    python3 tools/host_stub_paired.py BASE [NEW] [--rounds 60] [--steps 30]
+    python3 tools/host_stub_paired.py BASE [NEW] [--rounds 60] [--steps 30] [--groups replayed]
 
 A shared 2-core VM moves by 1.5x within minutes, so host times from two runs, or two processes,
 do not compare. This tool exports both revisions (NEW defaults to the working tree) as two
@@ -54,13 +54,19 @@ def export_renamed(rev: str | None, name: str, into: Path) -> None:
         target.write_bytes(re.sub(rb"\bparallel_mlp\b", name.encode(), data))
 
 
-def step_functions(name: str) -> dict[str, callable]:
-    """{measure: fn} for the package imported as name, its kernels stubbed from now on."""
+def step_functions(name: str, groups: str = "off") -> dict[str, callable]:
+    """{measure: fn} for the package imported as name, its kernels stubbed from now on;
+    ``groups``: "replayed" or "new" runs the fused function's launch groups through
+    host_stub.launch_groups (every group replayed, or every group's key new), "off" launches
+    kernel by kernel."""
     stub = importlib.import_module(f"{name}.bench.host_stub")
     layer = importlib.import_module(f"{name}.layer")
-    stubs = stub.stubbed_kernels()
-    stubs.__enter__()
-    _KEEP.append(stubs)  # collected, the context would exit and take its stubs with it
+    contexts = [stub.stubbed_kernels()]
+    if groups != "off":
+        contexts.append(stub.launch_groups(groups == "replayed"))
+    for context in contexts:
+        context.__enter__()
+        _KEEP.append(context)  # collected, the context would exit and take its stubs with it
     tokens, d, h, act = SHAPE
     fns = {}
     for recompute in (False, True):
@@ -93,13 +99,16 @@ def main(argv=None) -> int:
     p.add_argument("new", nargs="?", default=None, help="git revision (default: the working tree)")
     p.add_argument("--rounds", type=int, default=60)
     p.add_argument("--steps", type=int, default=30, help="calls per timed turn")
+    p.add_argument("--groups", choices=("off", "replayed", "new"), default="off",
+                   help="the launch groups: off (kernel by kernel, the default), every group "
+                        "replayed (graph launches not counted), or every group's key new")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         export_renamed(args.base, "pmlp_base", Path(tmp))
         export_renamed(args.new, "pmlp_new", Path(tmp))
         sys.path.insert(0, tmp)
         fns = {(pkg, k): f for pkg in ("pmlp_base", "pmlp_new")
-               for k, f in step_functions(pkg).items()}
+               for k, f in step_functions(pkg, args.groups).items()}
         best = dict.fromkeys(fns, float("inf"))
         for _ in range(3):
             for f in fns.values():
@@ -112,7 +121,7 @@ def main(argv=None) -> int:
                 best[key] = min(best[key], (time.perf_counter() - t0) / args.steps * 1e6)
     print(f"host µs, kernels stubbed, T={SHAPE[0]} d={SHAPE[1]} {SHAPE[3]} h={SHAPE[2]}, minimum "
           f"of {args.rounds} interleaved rounds of {args.steps} calls; {args.base} against "
-          f"{args.new or 'the working tree'}")
+          f"{args.new or 'the working tree'}; launch groups {args.groups}")
     for measure in dict.fromkeys(k for _, k in fns):
         base, new = best[("pmlp_base", measure)], best[("pmlp_new", measure)]
         print(f"  {measure:20s} {base:8.1f} {new:8.1f}  {new / base:.3f}x")
