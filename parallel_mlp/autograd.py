@@ -22,9 +22,10 @@ Without a TP group there is no collective to hide, and of dx and dW1 the GEMM wi
 transient workspace runs first (dW1 on a tie), so that it is gone before the other's output is made.
 
 At one rank without biases on the CuTe kernels, and with ``launch_graphs.GRAPHS`` on, the same
-launches run in groups whose outputs are made first (the forward; the dact; dW2; dW1 and dx), so
-that a group whose tensors sit where an earlier call's did can be replayed from a CUDA graph
-(launch_graphs.py); each group makes and frees its tensors where the launches below do.
+launches run in groups whose outputs are made first (the forward; the dact, with dW2 where that
+raises no peak; dW2 otherwise; dW1 and dx), so that a group whose tensors sit where an earlier
+call's did can be replayed from a CUDA graph (launch_graphs.py); each group makes and frees its
+tensors where the launches below do, but for dW2's output where it joins the dact.
 
 Only the local ``x`` is saved: with sequence parallelism, a 1/p slice, re-gathered in backward
 while the dgrad GEMMs run (Megatron does the same). With ``tp_comm_overlap`` the gathers before
@@ -191,74 +192,117 @@ def _forward_in_groups(site, ops, x2d, w1c, w2c, act: Activation, store_preact: 
     return preact, y
 
 
-def _run_gemms(phase: str, gemms, device) -> None:
-    """Plain GEMMs ``[(ops, a, b, out, accumulate), ...]`` as one launch group, or launch by
-    launch where one of them runs on cuBLAS or the torch backend."""
+def _run_group(site, key, gemms, device, before=None) -> None:
+    """Plain GEMMs ``[(ops, a, b, out, accumulate), ...]``, after ``before`` (a launch of the
+    same ops, or None), as one launch group keyed by ``key``; launch by launch where one of the
+    GEMMs runs on cuBLAS or the torch backend (their launches are not ours to capture)."""
 
     def launches():
+        if before is not None:
+            before()
         for target, a, b, out, accumulate in gemms:
             target.gemm(a, b, out=out, accumulate=accumulate)
 
     if any(t is TorchBackend or t.on_cublas(a, b, out, acc) for t, a, b, out, acc in gemms):
         launches()
         return
-    site = _site(phase, gemms[0][0], gemms[0][1], tuple((t, acc) for t, _, _, _, acc in gemms))
-    key = (site,) + tuple(tensor_key(t) for _, a, b, out, _ in gemms for t in (a, b, out))
     GRAPHS.run(site, key, launches, device)
 
 
+def _out_key(gemm) -> tuple:
+    """What a group's key needs of a weight gradient's GEMM beyond the function's operands: its
+    target and mode, and where it writes (a fresh output's address; a buffer's whole geometry)."""
+    target, _, _, out, accumulate = gemm
+    return (target, accumulate, tensor_key(out) if accumulate else out.data_ptr())
+
+
 def _weight_grad_gemm(ops, backend: str, a, b, weight, fuse: bool):
-    """(the GEMM of weight's gradient as ``_run_gemms`` takes it, a function that returns what
+    """(the GEMM of weight's gradient as ``_run_group`` takes it, a function that returns what
     autograd receives for weight once it ran): into main_grad or .grad in place, or into a
     fresh gradient made here."""
     buffer = accumulation_buffer(weight, fuse)
     if buffer is None:
-        out = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device)
+        out = weight.new_empty(weight.shape)  # torch.empty(dtype=, device=): ~3x the host time
         return (ops, a, b, out, False), lambda: out
     return ((resolve(backend, a, b, buffer), a, b, buffer, True),
             lambda: after_accumulating(weight, buffer))
 
 
+def dw2_joins_dact(rows: int, features: int, width: int, w2_shape, w1_shape, act_bytes: int,
+                   fresh_w2: int, fresh_w1: int, need_x: bool, workspace: int) -> bool:
+    """Whether fc2's weight gradient can run in the dact's launch group without raising the
+    backward's peak. Joined, its output is made before the dact and preact is freed after both,
+    so preact, dpreact, postact and dW2 are alive at once; launch by launch the backward also
+    holds, at its end, dpreact, dW2, dW1 and dx. The join costs nothing where the first is no
+    more than the larger of the second and the dact's own (preact, dpreact, postact): always
+    where the weight gradients accumulate in place (main_grad), and at the host-bound steps
+    with T small beside d and h. ``fresh_w*``: the bytes of an element of a fresh weight
+    gradient, 0 where it accumulates in place; a GEMM with a transient workspace stays apart,
+    as the launches free theirs before the next output is made."""
+    if workspace:
+        return False
+    (d_out, _), (_, d_in) = w2_shape, w1_shape
+    dact = act_bytes * rows * (2 * features + width)
+    joined = dact + fresh_w2 * d_out * width
+    last = (act_bytes * rows * features + fresh_w2 * d_out * width
+            + fresh_w1 * features * d_in + (act_bytes * rows * d_in if need_x else 0))
+    return joined <= max(dact, last)
+
+
 def _backward_in_groups(site, ops, backend: str, fuse: bool, dy2d, x2d, w1c, w2c, held: list,
                         act: Activation, weights, need_x: bool, need_w1: bool, need_w2: bool):
     """(dx or None, what autograd receives for W1 and for W2) in launch groups: [fc1's replay
-    and] the dact; fc2's weight gradient; fc1's weight gradient and dx (one group, or one each
+    and] the dact, with fc2's weight gradient where that raises no peak (dw2_joins_dact), else
+    fc2's weight gradient on its own; then fc1's weight gradient and dx (one group, or one each
     where either GEMM has a transient workspace). Each group's outputs are made just before it,
-    and each input freed after its last group, where the launch-by-launch order makes and frees
-    them, so that the step's peak stays what it was. ``site``: the dact group's; ``held``:
-    [forward's preact or None], the only reference to it, emptied here."""
+    and each input freed after its last group. ``site``: the dact group's, which the others'
+    extend; ``held``: [forward's preact or None], the only reference to it, emptied here.
+
+    Every key holds the function's operands (dy, x, W1, W2) whole; the tensors made here are
+    contiguous, of shapes those fix, so their addresses stand for them."""
     w1, w2 = weights
     rows, (features, d_in) = x2d.shape[0], w1c.shape
+    width = w2c.shape[1]
     device = dy2d.device
     preact = held.pop()
     replay = preact is None
+    operands = (tensor_key(dy2d), tensor_key(x2d), tensor_key(w1c), tensor_key(w2c),
+                None if replay else tensor_key(preact))
     if replay:
         preact = x2d.new_empty(rows, features)
+
+    join = False
+    if need_w2:
+        buffer_w2 = accumulation_buffer(w2, fuse)
+        buffer_w1 = accumulation_buffer(w1, fuse) if need_w1 else None
+        join = dw2_joins_dact(
+            rows, features, width, w2c.shape, w1c.shape, x2d.element_size(),
+            0 if buffer_w2 is not None else w2.element_size(),
+            0 if buffer_w1 is not None or not need_w1 else w1.element_size(), need_x,
+            ops.transient_bytes(w2c.shape[0], width, rows, device))
     dpreact = x2d.new_empty(rows, features)
-    postact = x2d.new_empty(rows, w2c.shape[1])
-    w1t = w1c.t()
+    postact = x2d.new_empty(rows, width)
 
     def dact():
         if replay:
-            ops.gemm(x2d, w1t, out=preact, replay=True)
+            ops.gemm(x2d, w1c.t(), out=preact, replay=True)
         ops.gemm_dact(dy2d, w2c, preact, act.name, out_dpreact=dpreact, out_postact=postact)
 
-    key = (site, tensor_key(dy2d), tensor_key(w2c), tensor_key(preact), dpreact.data_ptr(),
-           postact.data_ptr())
-    if replay:
-        key += (tensor_key(x2d), tensor_key(w1c))
-    GRAPHS.run(site, key, dact, device)
-    del preact
-
-    grad_w2 = None
-    if need_w2:
-        gemm, finish = _weight_grad_gemm(ops, backend, dy2d.t(), postact, w2, fuse)
-        _run_gemms("dW2", [gemm], device)
-        grad_w2 = finish()
-        del gemm  # it holds postact
-    del postact
-
     made = {}
+    dact_key = (site, operands, preact.data_ptr(), dpreact.data_ptr(), postact.data_ptr())
+    if join:
+        gemm, made["w2"] = _weight_grad_gemm(ops, backend, dy2d.t(), postact, w2, fuse)
+        _run_group(site, dact_key + ("dW2",) + _out_key(gemm), [gemm], device, before=dact)
+        del gemm  # it holds postact
+    else:
+        GRAPHS.run(site, dact_key, dact, device)
+    del preact
+    if need_w2 and not join:
+        gemm, made["w2"] = _weight_grad_gemm(ops, backend, dy2d.t(), postact, w2, fuse)
+        _run_group(site + ("dW2",), (site, "dW2", operands, postact.data_ptr())
+                   + _out_key(gemm), [gemm], device)
+        del gemm
+    del postact
 
     def w1_gemm():
         gemm, made["w1"] = _weight_grad_gemm(ops, backend, dpreact.t(), x2d, w1, fuse)
@@ -268,10 +312,14 @@ def _backward_in_groups(site, ops, backend: str, fuse: bool, dy2d, x2d, w1c, w2c
         made["dx"] = x2d.new_empty(rows, d_in)
         return (ops, dpreact, w1c, made["dx"], False)
 
+    def run(phase, gemms):
+        key = (site, phase, operands, dpreact.data_ptr()) + tuple(_out_key(g) for g in gemms)
+        _run_group(site + (phase,), key, gemms, device)
+
     dx_workspace = ops.transient_bytes(rows, d_in, features, device) if need_x else 0
     w1_workspace = ops.transient_bytes(features, d_in, rows, device) if need_w1 else 0
     if need_x and need_w1 and not dx_workspace and not w1_workspace:
-        _run_gemms("dW1+dx", [w1_gemm(), dx_gemm()], device)
+        run("dW1+dx", [w1_gemm(), dx_gemm()])
     else:
         # The larger workspace first, so that it is gone before the other's output is made (a
         # tie leaves dW1 first, as the backward below does).
@@ -280,8 +328,9 @@ def _backward_in_groups(site, ops, backend: str, fuse: bool, dy2d, x2d, w1c, w2c
             steps.reverse()
         for phase, wanted, make in steps:
             if wanted:
-                _run_gemms(phase, [make()], device)
-    return made.get("dx"), made["w1"]() if need_w1 else None, grad_w2
+                run(phase, [make()])
+    return (made.get("dx"), made["w1"]() if need_w1 else None,
+            made["w2"]() if need_w2 else None)
 
 
 class ParallelMLPFunction(torch.autograd.Function):
