@@ -23,7 +23,7 @@ def test_lists_every_step_with_its_command():
     assert r.returncode == 0
     steps = [line.split()[0] for line in r.stdout.splitlines()]
     assert steps == ["tests_kernels", "tests_layer", "tests_defaults", "tests_all", "streamk", "streamk_fill", "configs_small", "configs_wave", "configs_mid", "configs_long_k", "configs_dact", "configs_swap", "configs_ring", "plain_gemms", "plain_gemms_host", "gemm", "mlp", "sweep", "sweep_ceiling", "sweep_plain_launches", "sweep_small", "sweep_graphed",
-                     "tp", "tp_sp", "profile", "launch_graphs", "small_step_variants", "timing_spread", "host_step",
+                     "tp", "tp_sp", "profile", "launch_graphs", "memory_trace", "small_step_variants", "timing_spread", "host_step",
                      "host_stages", "host_env", "host_phases", "cold", "clock", "full", "ncu", "ncu_dact", "ncu_smem"]
     # every step the script defines is listed (a step missing from the list still ran, unseen)
     defined = re.findall(r"^  \[(\w+)\]=", SCRIPT.read_text(), flags=re.M)
@@ -243,3 +243,30 @@ def test_launch_graphs_ab_says_what_it_times():
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "--hold-s" in r.stdout and "launch groups" in r.stdout
+
+
+def test_step_memory_trace_marks_the_peak_of_the_blocks_held(monkeypatch):
+    """tools/step_memory_trace.py: the running total of blocks held over the step's start, from
+    the allocator's trace (allocations, and frees once completed), with the peak marked; the
+    deepest frame of the library's code names each line. It needs a GPU to trace."""
+    monkeypatch.syspath_prepend(str(TOOLS))
+    import step_memory_trace as smt
+
+    mib = 2 ** 20
+    frames = [{"filename": "/x/torch/autograd/graph.py", "line": 1, "name": "run"},
+              {"filename": "/repo/parallel_mlp/autograd.py", "line": 250, "name": "backward"}]
+    entries = [{"action": "alloc", "size": 2 * mib, "frames": frames},
+               {"action": "alloc", "size": 1 * mib, "frames": []},
+               {"action": "free_requested", "size": 2 * mib},
+               {"action": "free_completed", "size": 2 * mib},
+               {"action": "alloc", "size": 3 * mib, "frames": frames}]
+    lines = []
+    smt.report("ours", entries, 4 * mib, 4 * mib, out=lines.append)
+    assert "ours: step peak over its start 4.00 MiB (requested 4.00)" in lines[0]
+    held = [float(line.split("held")[1].split()[0]) for line in lines[1:]]
+    assert held == [2.0, 3.0, 1.0, 4.0]
+    assert [line.endswith("<- peak") for line in lines[1:]] == [False, False, False, True]
+    assert "autograd.py:250 backward" in lines[1]
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+            smt.main([])
