@@ -665,11 +665,12 @@ def gemm_dact(a, b, preact, activation, *, config: Optional[GemmConfig] = None, 
             and (out_postact is None or _plain_rows(out_postact, m, n, a.dtype, a.device))):
         # The common case, straight to the launch: a contiguous, aligned preact on a's device
         # (what _tensor_reason would pass) and outputs whose rows TMA can store, fresh or the
-        # caller's laid out as fresh ones would be.
-        dpreact = (torch.empty(m, width, dtype=a.dtype, device=a.device) if out_dpreact is None
-                   else out_dpreact)
+        # caller's laid out as fresh ones would be. postact is made first, as the layer's
+        # launch groups make it (parallel_mlp/autograd.py says why).
         postact = (torch.empty(m, n, dtype=a.dtype, device=a.device) if out_postact is None
                    else out_postact)
+        dpreact = (torch.empty(m, width, dtype=a.dtype, device=a.device) if out_dpreact is None
+                   else out_dpreact)
         kw = dict(d_dtype=a.dtype, config=config, tuned=tuned, whole_rows=whole_rows)
         if act.gated:
             _launch(_spec("dact", act.name), a, b, post=postact, prein=preact, dpre=dpreact, **kw)
@@ -678,8 +679,8 @@ def gemm_dact(a, b, preact, activation, *, config: Optional[GemmConfig] = None, 
         return dpreact, postact
     if preact.stride(1) != 1:
         preact = preact.contiguous()  # the epilogue reads preact row-major
-    dpreact = _output(out_dpreact, (m, width), a, "out_dpreact")
     postact = _output(out_postact, (m, n), a, "out_postact")
+    dpreact = _output(out_dpreact, (m, width), a, "out_dpreact")
     if m == 0 or n == 0:
         return dpreact, postact
     if k == 0:

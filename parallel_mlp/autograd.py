@@ -22,10 +22,10 @@ Without a TP group there is no collective to hide, and of dx and dW1 the GEMM wi
 transient workspace runs first (dW1 on a tie), so that it is gone before the other's output is made.
 
 At one rank without biases on the CuTe kernels, and with ``launch_graphs.GRAPHS`` on, the same
-launches run in groups whose outputs are made first (the forward; the dact, with dW2 where that
-raises no peak; dW2 otherwise; dW1 and dx), so that a group whose tensors sit where an earlier
-call's did can be replayed from a CUDA graph (launch_graphs.py); each group makes and frees its
-tensors where the launches below do, but for dW2's output where it joins the dact.
+launches run in groups whose outputs are made first (the forward; the dact, with dW2 where it
+accumulates in place; dW2 otherwise; dW1 and dx), so that a group whose tensors sit where an
+earlier call's did can be replayed from a CUDA graph (launch_graphs.py); each group makes and
+frees its tensors where the launches below do.
 
 Only the local ``x`` is saved: with sequence parallelism, a 1/p slice, re-gathered in backward
 while the dgrad GEMMs run (Megatron does the same). With ``tp_comm_overlap`` the gathers before
@@ -228,34 +228,13 @@ def _weight_grad_gemm(ops, backend: str, a, b, weight, fuse: bool):
             lambda: after_accumulating(weight, buffer))
 
 
-def dw2_joins_dact(rows: int, features: int, width: int, w2_shape, w1_shape, act_bytes: int,
-                   fresh_w2: int, fresh_w1: int, need_x: bool, workspace: int) -> bool:
-    """Whether fc2's weight gradient can run in the dact's launch group without raising the
-    backward's peak. Joined, its output is made before the dact and preact is freed after both,
-    so preact, dpreact, postact and dW2 are alive at once; launch by launch the backward also
-    holds, at its end, dpreact, dW2, dW1 and dx. The join costs nothing where the first is no
-    more than the larger of the second and the dact's own (preact, dpreact, postact): always
-    where the weight gradients accumulate in place (main_grad), and at the host-bound steps
-    with T small beside d and h. ``fresh_w*``: the bytes of an element of a fresh weight
-    gradient, 0 where it accumulates in place; a GEMM with a transient workspace stays apart,
-    as the launches free theirs before the next output is made."""
-    if workspace:
-        return False
-    (d_out, _), (_, d_in) = w2_shape, w1_shape
-    dact = act_bytes * rows * (2 * features + width)
-    joined = dact + fresh_w2 * d_out * width
-    last = (act_bytes * rows * features + fresh_w2 * d_out * width
-            + fresh_w1 * features * d_in + (act_bytes * rows * d_in if need_x else 0))
-    return joined <= max(dact, last)
-
-
 def _backward_in_groups(site, ops, backend: str, fuse: bool, dy2d, x2d, w1c, w2c, held: list,
                         act: Activation, weights, need_x: bool, need_w1: bool, need_w2: bool):
     """(dx or None, what autograd receives for W1 and for W2) in launch groups: [fc1's replay
-    and] the dact, with fc2's weight gradient where that raises no peak (dw2_joins_dact), else
-    fc2's weight gradient on its own; then fc1's weight gradient and dx (one group, or one each
-    where either GEMM has a transient workspace). Each group's outputs are made just before it,
-    and each input freed after its last group. ``site``: the dact group's, which the others'
+    and] the dact, with fc2's weight gradient where it accumulates in place, else fc2's weight
+    gradient on its own; then fc1's weight gradient and dx (one group, or one each where either
+    GEMM has a transient workspace). Each group's outputs are made just before it, and each
+    input freed after its last group. ``site``: the dact group's, which the others'
     extend; ``held``: [forward's preact or None], the only reference to it, emptied here.
 
     Every key holds the function's operands (dy, x, W1, W2) whole; the tensors made here are
@@ -271,17 +250,18 @@ def _backward_in_groups(site, ops, backend: str, fuse: bool, dy2d, x2d, w1c, w2c
     if replay:
         preact = x2d.new_empty(rows, features)
 
-    join = False
-    if need_w2:
-        buffer_w2 = accumulation_buffer(w2, fuse)
-        buffer_w1 = accumulation_buffer(w1, fuse) if need_w1 else None
-        join = dw2_joins_dact(
-            rows, features, width, w2c.shape, w1c.shape, x2d.element_size(),
-            0 if buffer_w2 is not None else w2.element_size(),
-            0 if buffer_w1 is not None or not need_w1 else w1.element_size(), need_x,
-            ops.transient_bytes(w2c.shape[0], width, rows, device))
-    dpreact = x2d.new_empty(rows, features)
+    # fc2's weight gradient joins the dact's group where it makes nothing (accumulated in
+    # place: main_grad, or an existing .grad) and has no transient workspace: one launch group
+    # fewer, at no memory. A fresh dW2 made before the dact would live beside preact, and even
+    # where that asks for no more bytes at the peak, the caching allocator's blocks can hold more
+    # (T=512 d=1024 swiglu: 26.75 against 25.0 MiB, H200, 2026-12-03, `bench sweep`).
+    join = (need_w2 and accumulation_buffer(w2, fuse) is not None
+            and not ops.transient_bytes(w2c.shape[0], width, rows, device))
+    # postact before dpreact: the allocator's blocks then hold what the tensors ask for at the
+    # step's peak at T=512 d=1024 swiglu (25.0 MiB; 26.0 the other way round), and no more at
+    # the sweep's other shapes (a model of the allocator's block splitting, both modes).
     postact = x2d.new_empty(rows, width)
+    dpreact = x2d.new_empty(rows, features)
 
     def dact():
         if replay:

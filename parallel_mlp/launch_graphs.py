@@ -4,8 +4,8 @@ A step with little GPU work takes the host's time, and much of the fused functio
 its launches: for each kernel the op's Python (the plan, the packed argument structs, a ctypes
 call into the launcher) and, before a stream-K or dynamic-scheduler kernel, a workspace
 allocation and a memset. The function groups its launches (the forward's two kernels; the
-backward's dact with fc2's weight gradient, or the two apart where joined they would raise the
-step's peak; fc1's weight gradient with dx) and runs each group through ``LaunchGraphs.run``,
+backward's dact, with fc2's weight gradient where that accumulates in place, else the two
+apart; fc1's weight gradient with dx) and runs each group through ``LaunchGraphs.run``,
 which replays a CUDA graph of the group when it has one.
 
 Why a replay is exact: a graph replays the launches it captured, the same kernels with the same
