@@ -171,11 +171,13 @@ def _site(phase: str, ops, x2d, *more) -> tuple:
 
 def _forward_in_groups(site, ops, x2d, w1c, w2c, act: Activation, store_preact: bool):
     """(preact or None, y) of fc1 and fc2 as one launch group, their outputs made first
-    (``site``: the forward's, from _site)."""
+    (``site``: the forward's, from _site). y is made before postact, which the forward frees:
+    at the sweep's shapes the caching allocator's blocks then hold no more than the other way
+    round, and less at T=512 d=8192 and T=2048 d=2048 swiglu (tools/allocator_model.py)."""
     rows, features = x2d.shape[0], w1c.shape[0]
     preact = x2d.new_empty(rows, features) if store_preact else None
-    postact = x2d.new_empty(rows, features // 2 if act.gated else features)
     y = x2d.new_empty(rows, w2c.shape[0])
+    postact = x2d.new_empty(rows, features // 2 if act.gated else features)
     w1t, w2t = w1c.t(), w2c.t()
 
     def launches():
@@ -258,8 +260,8 @@ def _backward_in_groups(site, ops, backend: str, fuse: bool, dy2d, x2d, w1c, w2c
     join = (need_w2 and accumulation_buffer(w2, fuse) is not None
             and not ops.transient_bytes(w2c.shape[0], width, rows, device))
     # postact before dpreact: the allocator's blocks then hold what the tensors ask for at the
-    # step's peak at T=512 d=1024 swiglu (25.0 MiB; 26.0 the other way round), and no more at
-    # the sweep's other shapes (a model of the allocator's block splitting, both modes).
+    # step's peak at T=512 d=1024 swiglu (25.0 MiB on the H200; 26.0 the other way round), and
+    # no more at the sweep's other shapes, in either mode (tools/allocator_model.py).
     postact = x2d.new_empty(rows, width)
     dpreact = x2d.new_empty(rows, features)
 

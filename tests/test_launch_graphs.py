@@ -325,14 +325,18 @@ class _Allocations(TorchDispatchMode):
 
 
 @pytest.mark.parametrize("recompute", [False, True])
-def test_the_backward_makes_postact_before_dpreact(groups, recompute):
-    """The backward's groups make [the replayed preact,] postact, then dpreact: in that order
-    the caching allocator's blocks at the step's peak hold what the tensors ask for at T=512
-    d=1024 swiglu (25.0 MiB on the H200, where dpreact first read 26.0)."""
+def test_the_groups_make_their_tensors_in_the_allocators_order(groups, recompute):
+    """The forward's group makes [preact,] y, then postact; the backward's [the replayed
+    preact,] postact, then dpreact: in that order the caching allocator's blocks at the step's
+    peak hold what the tensors ask for at T=512 d=1024 swiglu (25.0 MiB on the H200, where
+    dpreact first read 26.0), and no more at the sweep's other shapes (tools/allocator_model.py)."""
     ours, _ = _pair("swiglu", recompute)
     x, dy = torch.randn(9, 16, requires_grad=True), torch.randn(9, 16)
     _step(ours, x, dy)
-    y = ours(x)
+    with _Allocations() as made:
+        y = ours(x)
+    # (what the launches make after them is the torch backend's own, here)
+    assert made.shapes[:3 - recompute] == [(9, 48)] * (not recompute) + [(9, 16), (9, 24)]
     with _Allocations() as made:
         y.backward(dy)
     assert made.shapes[:3 if recompute else 2] == (
