@@ -4,14 +4,14 @@ tensors.
     python3 tools/allocator_model.py
 
 The sweep reads a step's peak as the bytes of the caching allocator's blocks (``bench sweep``:
-a private pool, one untimed step, two measured). A block carved from a larger free one keeps the
+a private pool, untimed steps, two measured). A block carved from a larger free one keeps the
 remainder only where the remainder is large enough to split off (above 1 MiB in the large pool),
 so two steps that ask for the same bytes can hold different blocks, by the order in which they
-make and free their tensors. On the H200 (2026-12-03, `tools/step_memory_trace.py`), T=512
-d=1024 swiglu asked for 25.0 MiB at its peak in every variant and held 25.0 (eager), 26.0 (the
-fused step making dpreact before postact), 26.75 (with fc2's weight gradient made before the
-dact) and, with postact made before dpreact, 25.0; T=512 d=8192 swiglu held 159.44 against
-eager's 159.38, asking for 158.38. This model reproduces those figures from the sizes alone, and
+make and free their tensors. On the H200 (2026-12-03, `tools/step_memory_trace.py`, one
+untimed step), T=512 d=1024 swiglu asked for 25.0 MiB at its peak in every variant and held
+25.0 (eager), 26.0 (the fused step making dpreact before postact), 26.75 (with fc2's weight
+gradient made before the dact) and, with postact made before dpreact, 25.0; T=512 d=8192 swiglu
+held 159.44 against eager's 159.38, asking for 158.38. This model reproduces those figures from the sizes alone, and
 prints, at the sweep's 30 shapes in both memory modes, what the blocks hold above the requested
 peak for the fused step's order and for the alternatives.
 
@@ -164,14 +164,17 @@ def step_events(tokens: int, d: int, h: int, gated: bool, order: StepOrder, reco
 
 
 def sweep_peak(tokens: int, d: int, h: int, gated: bool, order: StepOrder = LAYER,
-               recompute: bool = False) -> tuple[float, float]:
-    """(MiB held, MiB asked for) at the peak over the start, as the sweep measures a step: one
-    untimed step and its gradients cleared, then two measured steps on two inputs."""
+               recompute: bool = False, warm: int = 3) -> tuple[float, float]:
+    """(MiB held, MiB asked for) at the peak over the start, as the sweep measures a step
+    (``bench.models.step_peak_memory``): ``warm`` untimed steps, each with its gradients cleared
+    after it (STEADY_STEPS; the H200 figures above were read after one), then two measured
+    steps on two inputs."""
     model = CachingAllocatorModel()
-    for ev in step_events(tokens, d, h, gated, order, recompute, 0, first=True):
-        _apply(model, ev)
-    for name in ("dW1", "dW2", "dx0"):
-        model.free(name)
+    for _ in range(warm):
+        for ev in step_events(tokens, d, h, gated, order, recompute, 0, first=True):
+            _apply(model, ev)
+        for name in ("dW1", "dW2", "dx0"):
+            model.free(name)
     held0, asked0 = model.restart_peaks()
     for x, first in ((0, True), (1, False)):
         for ev in step_events(tokens, d, h, gated, order, recompute, x, first):

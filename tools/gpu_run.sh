@@ -81,10 +81,10 @@
 #                    GPU tests (bitwise the launches' results, the step peak no higher, a capture after
 #                    every graph was dropped), then tools/launch_graphs_ab.py: graphs on and off beside
 #                    eager at six host-bound steps, held and host µs (~3 min)
-#     memory_trace   tools/step_memory_trace.py: the allocator's blocks over the sweep's measured
-#                    steps, ours beside eager, at T=512 d=1024 swiglu (one untimed step first, as
-#                    the sweep; then three) and T=512 d=8192 swiglu: where a step peak that asks
-#                    for eager's bytes reads more (~1 min)
+#     memory_trace   tools/step_memory_trace.py: the allocator's history over the sweep's measured
+#                    steps, ours beside eager, at T=512 d=1024 swiglu (default and recompute
+#                    modes) and T=512 d=8192 swiglu: where a step peak that asks for eager's bytes
+#                    reads more (~1 min)
 #     small_step_variants  tools/small_step_variants.py: ways to spell the gated small step in
 #                    autograd ops, held and graphed beside eager, at the sweep's gated small steps
 #                    (~1 min)
@@ -149,7 +149,7 @@ declare -A CMD=(
   [tp_sp]="timeout 480 python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m parallel_mlp.bench tp --sequence-parallel --configs swiglu:28672,swiglu:14336,gelu_tanh_approx:32768 --json $OUT/tp-sp.json"
   [profile]="timeout 200 $BENCH profile && timeout 150 $BENCH profile --h 7168 && timeout 60 $BENCH host"
   [launch_graphs]="timeout 150 python3 tools/pytest_shards.py 12 -m gpu tests/test_layer_gpu.py -k launch_graphs; timeout 200 python3 tools/launch_graphs_ab.py"
-  [memory_trace]="timeout 120 python3 tools/step_memory_trace.py; timeout 120 python3 tools/step_memory_trace.py --warm 3; timeout 120 python3 tools/step_memory_trace.py --shape 512,8192,2752,swiglu"
+  [memory_trace]="timeout 120 python3 tools/step_memory_trace.py; timeout 120 python3 tools/step_memory_trace.py --recompute; timeout 120 python3 tools/step_memory_trace.py --shape 512,8192,2752,swiglu"
   [small_step_variants]="timeout 260 python3 tools/small_step_variants.py"
   [timing_spread]="timeout 240 python3 tools/timing_spread.py"
   [host_step]="for s in 512,1024,2816,swiglu 512,1024,512,gelu_tanh_approx 4096,1024,4096,gelu_tanh_approx 512,8192,2752,swiglu; do timeout 150 $BENCH host --step --calls 200 --shape \$s; done"

@@ -1,17 +1,18 @@
 """One step's allocations, ours beside eager: where the caching allocator's blocks go.
 
-    python3 tools/step_memory_trace.py [--shape 512,1024,2816,swiglu] [--recompute] [--warm 1]
+    python3 tools/step_memory_trace.py [--shape 512,1024,2816,swiglu] [--recompute] [--warm 3]
 
 The sweep's step peak (``bench.models.step_peak_memory``: a private pool of the caching
-allocator, one untimed step, then measured steps) reads the bytes of the allocator's blocks, and
-a block it does not split counts whole. Where ours and eager ask for the same bytes at their
-peaks but their blocks differ (T=512 d=1024 swiglu: 26.0 against 25.0 MiB, the requested bytes
-equal), the difference is in which free block each request took. This tool runs the same
-measurement with the allocator's history recorded over the measured steps and prints, for each
-variant, every allocation and free in order: the block's size, the running total of blocks
-held over the step's start, and the line of the library or of torch's autograd that asked
-(the deepest frame outside torch's own modules), with the peak marked. It needs a GPU.
-"""
+allocator, STEADY_STEPS untimed steps, then measured steps) reads the bytes of the allocator's
+blocks, and a block it does not split counts whole. Where ours and eager ask for the same bytes
+at their peaks but their blocks differ (T=512 d=1024 swiglu, one untimed step: 26.0 against
+25.0 MiB, the requested bytes equal), the difference is in which free block each request took.
+This tool runs the same measurement with the allocator's history recorded over the measured
+steps and prints, for each variant, the step peak of the blocks held and of the bytes asked
+for, then every allocation and free in order: its size as the history records it (what the
+tensor asked for, to 512 bytes), the running total of those over the start, and the line of the
+library or of the caller that asked (the deepest frame in this repository's code), with the
+peak marked. It needs a GPU."""
 
 from __future__ import annotations
 
@@ -23,8 +24,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from parallel_mlp.bench.models import (EagerMLP, build_parallel_mlp, chunked_w1,  # noqa: E402
-                                       clear_grads, fc1_features, own_allocator_pool, train_step)
+from parallel_mlp.bench.models import (STEADY_STEPS, EagerMLP, build_parallel_mlp,  # noqa: E402
+                                       chunked_w1, clear_grads, fc1_features,
+                                       own_allocator_pool, train_step)
 
 MIB = 2 ** 20
 
@@ -47,8 +49,8 @@ def trace_steps(model, xs, dys, device, warm: int, steps: int) -> tuple[list[dic
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     with own_allocator_pool(device):
-        for i in range(warm):
-            train_step(model, xs[i % len(xs)], dys[i % len(dys)])
+        for _ in range(warm):
+            train_step(model, xs[0], dys[0])
             clear_grads(model, xs)
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
@@ -84,15 +86,15 @@ def report(name: str, entries: list[dict], peak: int, requested: int, out=print)
         rows.append((action, e["size"], live, _frame(e)))
     for action, size, running, where in rows:
         mark = "  <- peak" if running == top else ""
-        out(f"  {action:15s} {size / MIB:9.3f} MiB  held {running / MIB:9.3f}  {where}{mark}")
+        out(f"  {action:15s} {size / MIB:9.3f} MiB  asked {running / MIB:9.3f}  {where}{mark}")
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--shape", default="512,1024,2816,swiglu", help="T,d,h,activation")
     p.add_argument("--recompute", action="store_true", help="ours in recompute mode")
-    p.add_argument("--warm", type=int, default=1,
-                   help="untimed steps before the measured ones (the sweep's: 1)")
+    p.add_argument("--warm", type=int, default=STEADY_STEPS,
+                   help=f"untimed steps before the measured ones (the sweep's: {STEADY_STEPS})")
     p.add_argument("--steps", type=int, default=2, help="measured steps (the sweep's: 2)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():

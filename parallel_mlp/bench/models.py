@@ -256,18 +256,24 @@ def first_step(ctx: Ctx, model: nn.Module, xs, dys, reference, gated: bool | Non
     return out, reference
 
 
+# Untimed steps before a step peak is measured: the fused path's launch groups see their keys at
+# the first, capture at the second (a graph's RNG state, a larger workspace buffer: one-time
+# buffers) and replay from the third, as every later step of a training loop does.
+STEADY_STEPS = 3
+
+
 def step_peak_memory(ctx: Ctx, model: nn.Module, xs, dys, held_by_others: int = 0,
                      steps: int = 2) -> dict:
-    """Peak memory of a few training steps of this model alone, after its first call (whose
+    """Peak memory of a few training steps of this model alone, after its first calls (whose
     one-time buffers stay out). A pass of its own because interleaved variants share the one peak
     counter. ``held_by_others``: bytes of other variants' models that are alive meanwhile (built
     for the interleaved timing), left out so that peak_mem_gb is what this variant needs alone.
 
     The steps allocate from a private pool of the caching allocator made for this pass
-    (:func:`own_allocator_pool`), refilled by one untimed step first, so each variant's peak is
-    that of its own steady state, as in a process of its own. The allocator counts a block it
-    does not split whole (an 11 MiB weight gradient carved from a 12 MiB free block counts 12),
-    so from the shared pool, whose free blocks are what the variants measured before left in
+    (:func:`own_allocator_pool`), refilled by STEADY_STEPS untimed steps first, so each variant's
+    peak is that of its own steady state, as in a process of its own. The allocator counts a
+    block it does not split whole (an 11 MiB weight gradient carved from a 12 MiB free block
+    counts 12), so from the shared pool, whose free blocks are what the variants measured before left in
     segments still partly held by their weights, the peak moved with the order of the variants:
     at T=512 d=1024 swiglu (every variant asking for 25.0 MiB) eager read 25.5 MiB and a second
     copy of eager 28.0 in the same run (H200, 2026-12-03, `bench sweep`)."""
@@ -277,8 +283,9 @@ def step_peak_memory(ctx: Ctx, model: nn.Module, xs, dys, held_by_others: int = 
     ctx.sync()
     torch.cuda.empty_cache()
     with own_allocator_pool(ctx.device):
-        train_step(model, xs[0], dys[0])
-        clear_grads(model, xs)
+        for _ in range(STEADY_STEPS):
+            train_step(model, xs[0], dys[0])
+            clear_grads(model, xs)
         ctx.sync()
         torch.cuda.reset_peak_memory_stats(ctx.device)
         before = torch.cuda.memory_allocated(ctx.device)
