@@ -273,10 +273,10 @@ def step_peak_memory(ctx: Ctx, model: nn.Module, xs, dys, held_by_others: int = 
     (:func:`own_allocator_pool`), refilled by STEADY_STEPS untimed steps first, so each variant's
     peak is that of its own steady state, as in a process of its own. The allocator counts a
     block it does not split whole (an 11 MiB weight gradient carved from a 12 MiB free block
-    counts 12), so from the shared pool, whose free blocks are what the variants measured before left in
-    segments still partly held by their weights, the peak moved with the order of the variants:
-    at T=512 d=1024 swiglu (every variant asking for 25.0 MiB) eager read 25.5 MiB and a second
-    copy of eager 28.0 in the same run (H200, 2026-12-03, `bench sweep`)."""
+    counts 12), so from the shared pool, whose free blocks are what the variants measured before
+    left in segments still partly held by their weights, the peak moved with the order of the
+    variants: at T=512 d=1024 swiglu (every variant asking for 25.0 MiB) eager read 25.5 MiB and
+    a second copy of eager 28.0 in the same run (H200, 2026-12-03, `bench sweep`)."""
     if not ctx.cuda:
         return {}
     clear_grads(model, xs)
