@@ -35,17 +35,28 @@ def parallel_mlp_func(x, w1, w2, activation, *, b1=None, b2=None, tp_group=None,
     """
     act = get_activation(activation)
     check_backend_name(backend)
+    tp = tp_group if isinstance(tp_group, TPGroup) else resolve_group(tp_group)
+    return _run(x, w1, b1, w2, b2, act, tp, sequence_parallel, recompute, fuse_grad_accum,
+                backend, tp_comm_overlap)
+
+
+def _run(x, w1, b1, w2, b2, act, tp: TPGroup, sequence_parallel, recompute, fuse_grad_accum,
+         backend: str, tp_comm_overlap):
+    """parallel_mlp_func with its activation and group resolved and its backend's name checked
+    (ParallelMLP's forward holds them so): the shards' checks, then the small step or the fused
+    function. Positional, as a host-bound step pays for each keyword."""
     check_shards(x, w1, b1, w2, b2, act)
     if sequence_parallel:
         check_sequence_parallel_input(x)
-    tp = tp_group if isinstance(tp_group, TPGroup) else resolve_group(tp_group)
-    if backend == "auto" and small_step.applies(
-            x.numel() // x.shape[-1], w1.shape[1], w1.shape[0], w2.shape[1], w2.shape[0],
-            device_type=x.device.type, backend=backend, tp_size=tp.size, recompute=recompute,
-            fuse_grad_accum=fuse_grad_accum, compiling=torch.compiler.is_compiling(),
-            gate_ops=act.gate is not None,
-            launch_graphs=replays_launches(b1, b2)):
-        return small_step.small_step(x, w1, b1, w2, b2, act)
+    if backend == "auto":
+        s1, s2 = w1.shape, w2.shape
+        if small_step.applies(
+                x.numel() // s1[1], s1[1], s1[0], s2[1], s2[0],
+                device_type="cuda" if x.is_cuda else x.device.type, backend=backend,
+                tp_size=tp.size, recompute=recompute, fuse_grad_accum=fuse_grad_accum,
+                compiling=torch.compiler.is_compiling(), gate_ops=act.gate is not None,
+                launch_graphs=replays_launches(b1, b2)):
+            return small_step.small_step(x, w1, b1, w2, b2, act)
     overlap = overlap_mod.enabled(tp_comm_overlap, tp, x.device.type)
     return _apply_function(x, w1, b1, w2, b2, act, tp, bool(recompute), bool(fuse_grad_accum),
                            backend, bool(sequence_parallel), overlap)
@@ -72,19 +83,16 @@ def _run_untraced(*args):
     return _untraced_apply(*args)
 
 
-_MISSING = object()
-
-
-def _registered(module: nn.Module, name: str):
-    """``getattr(module, name)`` for a parameter or submodule, read from the module's own tables
-    where it is registered there: ``nn.Module.__getattr__`` is a Python call per lookup (six per
-    forward here, 3.4 µs of a 2-core VM's 18 µs forward, which a host-bound step pays in full).
-    Anything not registered there (a None bias, a parametrization's property) goes through
-    getattr."""
-    value = module._parameters.get(name, _MISSING)
-    if value is _MISSING:
-        value = module._modules.get(name, _MISSING)
-    return getattr(module, name) if value is _MISSING else value
+def _weight_and_bias(shard: nn.Module):
+    """``(shard.weight, shard.bias)``, read from the shard's own parameter table where they are
+    registered there: ``nn.Module.__getattr__`` is a Python call per lookup, which a host-bound
+    step pays in full. Anything not registered there (a None bias, a parametrization's property)
+    is read as an attribute."""
+    params = shard._parameters
+    weight = params.get("weight")
+    if weight is None:
+        weight = shard.weight
+    return weight, params["bias"] if "bias" in params else shard.bias
 
 
 def default_hidden_features(in_features: int, gated: bool) -> int:
@@ -247,13 +255,12 @@ class ParallelMLP(nn.Module):
                 shard.bias.copy_(part)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        fc1, fc2 = _registered(self, "fc1"), _registered(self, "fc2")
-        return parallel_mlp_func(
-            x, _registered(fc1, "weight"), _registered(fc2, "weight"), self.activation,
-            b1=_registered(fc1, "bias"), b2=_registered(fc2, "bias"), tp_group=self.tp,
-            sequence_parallel=self.sequence_parallel, recompute=self.recompute,
-            fuse_grad_accum=self.fuse_grad_accum, backend=self.backend,
-            tp_comm_overlap=self.tp_comm_overlap)
+        modules = self._modules  # fc1 and fc2 are always registered submodules
+        w1, b1 = _weight_and_bias(modules["fc1"])
+        w2, b2 = _weight_and_bias(modules["fc2"])
+        return _run(x, w1, b1, w2, b2, get_activation(self.activation), self.tp,
+                    self.sequence_parallel, self.recompute, self.fuse_grad_accum,
+                    check_backend_name(self.backend), self.tp_comm_overlap)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Global (unsharded) weights on every rank; collective over the TP group."""

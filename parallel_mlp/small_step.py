@@ -107,17 +107,18 @@ def applies(rows: int, in_features: int, fc1_rows: int, hidden: int, out_feature
     is twice hidden; ``gate_ops``: the activation is ``a(g) * u`` with gate ops, so that its
     small step would be a lean function from one row per input feature; ``launch_graphs``: the
     fused path would replay its launch groups from CUDA graphs, launch_graphs.py)."""
-    if launch_graphs and fc1_rows != hidden:
-        return False  # gated steps run fused at every size under launch graphs (see above)
+    if not (backend == "auto" and device_type == "cuda" and tp_size == 1 and not recompute
+            and not fuse_grad_accum and not compiling):
+        return False
     if fc1_rows == hidden:
         limit = MAX_FLOP_NARROW if in_features <= NARROW_MAX_IN_FEATURES else MAX_FLOP
+    elif launch_graphs:
+        return False  # gated steps run fused at every size under launch graphs (see above)
     elif keeps_gate_and_up_alone(rows, in_features, gate_ops):
         limit = MAX_FLOP_GATED_LEAN
     else:
         limit = MAX_FLOP_GATED
-    return (backend == "auto" and device_type == "cuda" and tp_size == 1 and not recompute
-            and not fuse_grad_accum and not compiling
-            and step_flop(rows, in_features, fc1_rows, hidden, out_features) < limit)
+    return step_flop(rows, in_features, fc1_rows, hidden, out_features) < limit
 
 
 def splits_the_weight(rows: int, in_features: int) -> bool:
