@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from typing import NamedTuple
 
 import torch
 
@@ -315,18 +316,31 @@ def _backward_in_groups(site, ops, backend: str, fuse: bool, dy2d, x2d, w1c, w2c
             made["w2"]() if need_w2 else None)
 
 
+class FunctionOptions(NamedTuple):
+    """What ParallelMLPFunction does besides its tensors: one argument of ``apply``, as autograd
+    looks at each of them on every call, a share of a small step's host time."""
+
+    act: Activation
+    tp: TPGroup
+    recompute: bool
+    fuse_grad_accum: bool
+    backend: str
+    sequence_parallel: bool = False
+    comm_overlap: bool = False
+
+
 class ParallelMLPFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, w1, b1, w2, b2, act: Activation, tp: TPGroup, recompute: bool,
-                fuse_grad_accum: bool, backend: str, sequence_parallel: bool = False,
-                comm_overlap: bool = False):
+    def forward(ctx, x, w1, b1, w2, b2, options: FunctionOptions):
+        act, tp, recompute, fuse_grad_accum, backend, sequence_parallel, comm_overlap = options
         dtype = _compute_dtype(x)
         sp = sequence_parallel and tp.size > 1
         overlap = comm_overlap and tp.size > 1
         # Autocast is resolved here once; the ops below must see exactly the dtypes chosen.
         with _autocast_off(x.device.type):
             x2d = _cast(x.reshape(-1, x.shape[-1]), dtype)
-            w1c, b1c, w2c, b2c = (_cast(t, dtype) for t in (w1, b1, w2, b2))
+            w1c, b1c = _cast(w1, dtype), _cast(b1, dtype)
+            w2c, b2c = _cast(w2, dtype), _cast(b2, dtype)
             # Every GEMM operand of both passes is one of these, or a tensor with their row widths
             # (preact and dpreact: fc1's rows; y and dy: fc2's), so the choice holds for all of
             # them and the ops need not check again.
@@ -354,13 +368,10 @@ class ParallelMLPFunction(torch.autograd.Function):
         hooked = _saved_tensor_hooks_active()
         ctx.save_for_backward(x2d, w1c, b1c, w2c, preact if hooked else None)
         ctx.preact = None if hooked else preact
-        # The parameters themselves, for their main_grad / .grad buffers.
-        ctx.weights = (w1, w2)
-        ctx.biases = (b1, b2)
-        ctx.x_meta = (x.shape, x.dtype)
-        ctx.act, ctx.tp, ctx.sp, ctx.overlap = act, tp, sp, overlap
-        ctx.fuse, ctx.backend = fuse_grad_accum, backend
-        ctx.ops, ctx.groups = ops, groups
+        # The parameters themselves, for their main_grad / .grad buffers; one attribute, as each
+        # costs the host a dictionary store.
+        ctx.state = ((w1, w2), (b1, b2), (x.shape, x.dtype), act, tp, sp, overlap,
+                     fuse_grad_accum, backend, ops, groups)
         return y.view(*x.shape[:-1], y.shape[-1])
 
     @staticmethod
@@ -371,19 +382,18 @@ class ParallelMLPFunction(torch.autograd.Function):
         ctx.preact = None
         # No preact: recompute mode, or a second backward (retain_graph) after the first freed it.
         replay = preact is None
-        w1, w2 = ctx.weights
-        b1, b2 = ctx.biases
-        x_shape, x_dtype = ctx.x_meta
+        ((w1, w2), (b1, b2), (x_shape, x_dtype), act, tp, sp, overlap, fuse, backend, forward_ops,
+         forward_groups) = ctx.state
         need_x, need_w1, need_b1, need_w2, need_b2 = ctx.needs_input_grad[:5]
-        act, backend, tp, sp, overlap = ctx.act, ctx.backend, ctx.tp, ctx.sp, ctx.overlap
 
         dy2d = _cast(dy.reshape(-1, dy.shape[-1]), x2d.dtype)
         # Every other operand is forward's or has its row widths, and forward's choice covered
         # them: only dy is new to the CuTe path's checks.
-        ops = ctx.ops
+        ops = forward_ops
         if ops is not TorchBackend:
             ops = resolve(backend, dy2d)
-        groups = ctx.groups and ops is ctx.ops and _in_groups(ops, tp, sp, overlap, dy2d, b1c, None)
+        groups = (forward_groups and ops is forward_ops
+                  and _in_groups(ops, tp, sp, overlap, dy2d, b1c, None))
         if groups:
             site = _site("dact", ops, dy2d, act.name, replay)
             groups = not GRAPHS.site_off(site)
@@ -391,12 +401,11 @@ class ParallelMLPFunction(torch.autograd.Function):
             held = [preact]  # handed over, so that the groups can free it after the dact
             del preact, saved_preact
             grad_x, grad_w1, grad_w2 = _backward_in_groups(
-                site, ops, backend, ctx.fuse, dy2d, x2d, w1c, w2c, held, act, (w1, w2),
+                site, ops, backend, fuse, dy2d, x2d, w1c, w2c, held, act, (w1, w2),
                 need_x, need_w1, need_w2)
             if grad_x is not None:
                 grad_x = _cast(grad_x.view(x_shape), x_dtype)
-            return (grad_x, grad_w1, None, grad_w2, None,
-                    None, None, None, None, None, None, None)
+            return grad_x, grad_w1, None, grad_w2, None, None
         rows = tp.size * x2d.shape[0] if sp else x2d.shape[0]
 
         def replay_fc1(x_rows, out=None, whole_rows=None):
@@ -448,7 +457,7 @@ class ParallelMLPFunction(torch.autograd.Function):
             dpreact, postact = ops.gemm_dact(dy_full, w2c, preact, act.name)
         del preact
 
-        grad_w2 = (weight_grad(ops, backend, dy_full.t(), postact, w2, ctx.fuse)
+        grad_w2 = (weight_grad(ops, backend, dy_full.t(), postact, w2, fuse)
                    if need_w2 else None)
         # Under sequence parallelism this rank's dy covers its own tokens only: a partial sum,
         # which the framework adds over the group (b2 is marked sequence_parallel).
@@ -475,7 +484,7 @@ class ParallelMLPFunction(torch.autograd.Function):
             need_w1 and ops.transient_bytes(rows, d_in, features, dpreact.device)
             > ops.transient_bytes(features, d_in, rows, dpreact.device)))
         dx_pending = dx_in_flight() if dx_first else None
-        grad_w1 = (weight_grad(ops, backend, dpreact.t(), x_full(), w1, ctx.fuse)
+        grad_w1 = (weight_grad(ops, backend, dpreact.t(), x_full(), w1, fuse)
                    if need_w1 else None)
         grad_b1 = _bias_grad(dpreact, b1) if need_b1 else None
         if need_x and not dx_first:
@@ -485,5 +494,4 @@ class ParallelMLPFunction(torch.autograd.Function):
         grad_x = None
         if dx_pending is not None:
             grad_x = _cast(dx_pending.wait().view(x_shape), x_dtype)
-        return (grad_x, grad_w1, grad_b1, grad_w2, grad_b2,
-                None, None, None, None, None, None, None)
+        return grad_x, grad_w1, grad_b1, grad_w2, grad_b2, None

@@ -10,7 +10,7 @@ from torch import nn
 from . import checkpoint
 from . import overlap as overlap_mod
 from .activations import get_activation
-from .autograd import ParallelMLPFunction, replays_launches
+from .autograd import FunctionOptions, ParallelMLPFunction, replays_launches
 from .backends import check_backend_name
 from .checks import (check_sequence_parallel_input, check_shards, require_divisible,
                      require_positive_int)
@@ -62,10 +62,13 @@ def _run(x, w1, b1, w2, b2, act, tp: TPGroup, sequence_parallel, recompute, fuse
                            backend, bool(sequence_parallel), overlap)
 
 
-def _apply_function(*args):
+def _apply_function(x, w1, b1, w2, b2, *options):
+    """ParallelMLPFunction on these tensors, its other arguments (FunctionOptions' fields, in
+    order) bundled into one."""
+    options = FunctionOptions(*options)
     if torch.compiler.is_compiling():
-        return _run_untraced(*args)
-    return ParallelMLPFunction.apply(*args)
+        return _run_untraced(x, w1, b1, w2, b2, options)
+    return ParallelMLPFunction.apply(x, w1, b1, w2, b2, options)
 
 
 # torch.compile of a model around the layer runs the fused function as it is, between compiled
