@@ -34,9 +34,9 @@ def _grads(mlp, x):
 
 
 def test_forward_uses_a_parametrized_weight():
-    """The forward reads its weights from the shards' parameter tables where they are registered
-    there; a parametrized weight (torch.nn.utils.parametrize: a property, not a table entry) must
-    still be what the forward uses."""
+    """The forward reads its weights and biases from the shards' parameter tables where they are
+    registered there; a parametrized weight or bias (torch.nn.utils.parametrize: a property, not a
+    table entry) must still be what the forward uses."""
     from torch.nn.utils import parametrize
 
     class Halved(torch.nn.Module):
@@ -48,7 +48,9 @@ def test_forward_uses_a_parametrized_weight():
     x = torch.randn(5, 16)
     w1, b1, w2 = (t.detach().clone() for t in (mlp.fc1.weight, mlp.fc1.bias, mlp.fc2.weight))
     parametrize.register_parametrization(mlp.fc2, "weight", Halved())
-    ref_y = reference.mlp(x.double(), w1.double(), (w2 / 2).double(), "swiglu", b1.double())
+    parametrize.register_parametrization(mlp.fc1, "bias", Halved())
+    ref_y = reference.mlp(x.double(), w1.double(), (w2 / 2).double(), "swiglu",
+                          (b1 / 2).double())
     torch.testing.assert_close(mlp(x), ref_y.float(), rtol=1e-5, atol=1e-5)
 
 
