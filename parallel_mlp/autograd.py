@@ -213,10 +213,13 @@ def _run_group(site, key, gemms, device, before=None) -> None:
 
 
 def _out_key(gemm) -> tuple:
-    """What a group's key needs of a weight gradient's GEMM beyond the function's operands: its
-    target and mode, and where it writes (a fresh output's address; a buffer's whole geometry)."""
+    """What a group's key needs of a GEMM beyond the function's operands: its target and mode,
+    and where it writes (a fresh output's address and dtype, its shape fixed by the operands: a
+    weight gradient takes its weight's dtype, which the cast operands do not show; a buffer's
+    whole geometry)."""
     target, _, _, out, accumulate = gemm
-    return (target, accumulate, tensor_key(out) if accumulate else out.data_ptr())
+    return (target, accumulate,
+            tensor_key(out) if accumulate else (out.data_ptr(), out.dtype))
 
 
 def _weight_grad_gemm(ops, backend: str, a, b, weight, fuse: bool):

@@ -379,6 +379,20 @@ def test_a_key_tells_apart_what_the_launches_read(monkeypatch):
     assert all(forward_key(x)[:4] == k for _ in range(3))
 
 
+def test_a_groups_key_tells_apart_the_dtype_of_a_fresh_output():
+    """A fresh weight gradient takes its weight's dtype, which the operands cast for the GEMMs do
+    not show (autocast over fp32 weights): the same address in another dtype is another key."""
+    buf = torch.empty(64)
+    a, b = buf.view(torch.float32), buf.view(torch.int32)
+    assert a.data_ptr() == b.data_ptr()
+    x = torch.empty(4, 4)
+    assert (autograd._out_key((GroupOps, x, x, a, False))
+            != autograd._out_key((GroupOps, x, x, b, False)))
+    # accumulated in place: the buffer's whole geometry
+    assert (autograd._out_key((GroupOps, x, x, a, True))
+            != autograd._out_key((GroupOps, x, x, a[:32], True)))
+
+
 def test_a_site_that_gave_up_launches_one_by_one_again(groups, monkeypatch):
     """Where the keys never repeat (every call's tensors elsewhere), the site turns off after
     its bound of new keys and the function goes back to launching kernel by kernel into fresh
