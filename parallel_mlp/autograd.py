@@ -196,9 +196,10 @@ def _forward_in_groups(site, ops, x2d, w1c, w2c, act: Activation, store_preact: 
 
 
 def _run_group(site, key, gemms, device, before=None) -> None:
-    """Plain GEMMs ``[(ops, a, b, out, accumulate), ...]``, after ``before`` (a launch of the
-    same ops, or None), as one launch group keyed by ``key``; launch by launch where one of the
-    GEMMs runs on cuBLAS or the torch backend (their launches are not ours to capture)."""
+    """Plain GEMMs ``[(ops, a, b, out, accumulate), ...]`` (none or more), after ``before`` (the
+    group's own launches, or None), as one launch group keyed by ``key``; launch by launch where
+    one of the GEMMs runs on cuBLAS or the torch backend (their launches are not ours to
+    capture)."""
 
     def launches():
         if before is not None:
@@ -274,15 +275,14 @@ def _backward_in_groups(site, ops, backend: str, fuse: bool, dy2d, x2d, w1c, w2c
             ops.gemm(x2d, w1c.t(), out=preact, replay=True)
         ops.gemm_dact(dy2d, w2c, preact, act.name, out_dpreact=dpreact, out_postact=postact)
 
-    made = {}
-    dact_key = (site, operands, preact.data_ptr(), dpreact.data_ptr(), postact.data_ptr())
+    made, joined = {}, []
     if join:
         gemm, made["w2"] = _weight_grad_gemm(ops, backend, dy2d.t(), postact, w2, fuse)
-        _run_group(site, dact_key + ("dW2",) + _out_key(gemm), [gemm], device, before=dact)
-        del gemm  # it holds postact
-    else:
-        GRAPHS.run(site, dact_key, dact, device)
-    del preact
+        joined.append(gemm)
+        del gemm
+    _run_group(site, (site, operands, preact.data_ptr(), dpreact.data_ptr(), postact.data_ptr())
+               + tuple(_out_key(g) for g in joined), joined, device, before=dact)
+    del preact, joined  # the joined GEMM holds postact
     if need_w2 and not join:
         gemm, made["w2"] = _weight_grad_gemm(ops, backend, dy2d.t(), postact, w2, fuse)
         _run_group(site + ("dW2",), (site, "dW2", operands, postact.data_ptr())

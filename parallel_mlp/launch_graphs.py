@@ -31,8 +31,9 @@ first). A site (a group's kind and options: its ops, activation, memory mode, de
 not its tensors) that has seen ``MAX_MISSES`` new keys without one replay turns off
 (``site_off``), and the function then launches that site's kernels one by one as before, since a
 group whose keys never repeat costs more host time than those launches (its outputs are made
-ahead, its key built, and the graphs' bookkeeping done, for nothing replayed). The bound is loose enough for every layer
-of a deep model to meet its site in the first step before the second step replays. The launches
+ahead, its key built, and the graphs' bookkeeping done, for nothing replayed). The bound is
+loose enough for every layer of a deep model to meet its site in the first step before the
+second step replays. The launches
 run as usual, uncaptured, while the current stream is being captured by someone else (they go
 into that graph, as they always did). A capture that fails turns the graphs off for the process,
 with a warning: the launches then run one by one.

@@ -44,7 +44,7 @@ def _run(x, w1, b1, w2, b2, act, tp: TPGroup, sequence_parallel, recompute, fuse
          backend: str, tp_comm_overlap):
     """parallel_mlp_func with its activation and group resolved and its backend's name checked
     (ParallelMLP's forward holds them so): the shards' checks, then the small step or the fused
-    function. Positional, as a host-bound step pays for each keyword."""
+    function. Its arguments are positional: a host-bound step pays for each keyword."""
     check_shards(x, w1, b1, w2, b2, act)
     if sequence_parallel:
         check_sequence_parallel_input(x)
