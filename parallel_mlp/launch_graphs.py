@@ -53,6 +53,8 @@ refuse a capture that allocates.
 from __future__ import annotations
 
 import collections
+import contextlib
+import gc
 import logging
 import os
 import threading
@@ -263,7 +265,7 @@ def _capture_cuda_graph(launches: Callable[[], None], device: torch.device):
         graph = torch.cuda.CUDAGraph()
         side.wait_stream(current)
         try:
-            with torch.cuda.stream(side):
+            with torch.cuda.stream(side), _collector_paused():
                 graph.capture_begin(capture_error_mode="thread_local")
                 try:
                     # counted after capture_begin, which allocates the graph's RNG seed and offset
@@ -272,12 +274,13 @@ def _capture_cuda_graph(launches: Callable[[], None], device: torch.device):
                     with ops.workspace_from(take):
                         launches()
                     allocated = _allocations(index) != before
-                finally:
-                    with warnings.catch_warnings():
-                        # a capture cut short by _WorkspaceFull before its first launch is empty
-                        # (a group's whole capture never is): dropped, and captured again
-                        warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
-                        graph.capture_end()
+                except BaseException:
+                    # The launches' own error is the one to report (a _WorkspaceFull included):
+                    # the capture is ended, and whatever ending an invalidated capture raises
+                    # is dropped, torch's RNG state put right.
+                    _end_capture(graph, side, quiet=True)
+                    raise
+                _end_capture(graph, side, quiet=False)
         finally:
             current.wait_stream(side)
         if allocated:
@@ -285,6 +288,49 @@ def _capture_cuda_graph(launches: Callable[[], None], device: torch.device):
         return graph
 
     return capture_with_workspace(capture_once, (index, current.cuda_stream), device)
+
+
+@contextlib.contextmanager
+def _collector_paused():
+    """Python's cyclic garbage collector off for the length of a capture: a collection there
+    runs arbitrary destructors in this thread, and destroying another CUDA graph inside a capture
+    invalidates it (reproduced on the H200, 2026-12-04; it failed one of 375 GPU tests run after
+    a test whose torch.cuda.make_graphed_callables graphs sat in reference cycles).
+    torch.cuda.graph collects before capturing instead, which costs milliseconds."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _end_capture(graph, stream, quiet: bool) -> None:
+    """End ``graph``'s capture on ``stream``. Where the capture was invalidated (a launch did
+    something a capture cannot hold), torch's capture_end raises before it hands the CUDA RNG
+    generators back from capture mode, and every later random op of the process fails ("Offset
+    increment outside graph capture"): an empty capture, begun and ended, hands them back. Then
+    the error is raised, or dropped with ``quiet``."""
+    try:
+        with warnings.catch_warnings():
+            # a capture cut short by _WorkspaceFull before its first launch is empty (a
+            # group's whole capture never is): dropped, and captured again
+            warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
+            graph.capture_end()
+    except Exception:
+        _release_generators(stream)
+        if not quiet:
+            raise
+
+
+def _release_generators(stream) -> None:
+    empty = torch.cuda.CUDAGraph()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
+        with torch.cuda.stream(stream):
+            empty.capture_begin(capture_error_mode="thread_local")
+            empty.capture_end()
 
 
 def _replay_cuda_graph(graph, launches) -> None:

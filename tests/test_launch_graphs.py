@@ -486,3 +486,25 @@ def test_outside_a_capture_the_ops_allocate_their_workspace():
     first, second = _workspace_group([]), _workspace_group([])
     assert all(a.data_ptr() != b.data_ptr() for a, b in zip(first, second))
     assert first[1].item() == 0 and (first[0][:128] == 0).all()
+
+
+def test_the_collector_is_paused_for_a_capture_and_left_as_found():
+    """A collection inside a capture can destroy another CUDA graph, which invalidates it."""
+    import gc
+
+    from parallel_mlp.launch_graphs import _collector_paused
+
+    was = gc.isenabled()
+    try:
+        gc.enable()
+        with pytest.raises(KeyError):
+            with _collector_paused():
+                assert not gc.isenabled()
+                raise KeyError
+        assert gc.isenabled()
+        gc.disable()
+        with _collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable() if was else gc.disable()

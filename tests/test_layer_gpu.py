@@ -366,6 +366,57 @@ def test_launch_graphs_refuse_a_capture_that_allocates():
                             torch.device("cuda"))
 
 
+@pytest.mark.gpu
+def test_a_failed_capture_raises_its_cause_and_leaves_the_rng_working():
+    """A launch group whose capture fails raises what failed, and the process's CUDA RNG works
+    after it: torch's capture_end raises before handing its generators back from capture mode
+    when the capture was invalidated (here by destroying another CUDA graph inside it, which a
+    garbage collection can do), and every later random op would fail."""
+    needs_cute()
+    from parallel_mlp.launch_graphs import _capture_cuda_graph
+
+    x = torch.zeros(256, device="cuda")
+    other = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(torch.cuda.Stream()):
+        other.capture_begin()
+        x.add_(1)
+        other.capture_end()
+    held = [other]
+    del other
+
+    def destroy_a_graph():
+        held.clear()
+        x.mul_(2)
+
+    with pytest.raises(RuntimeError, match="capture"):
+        _capture_cuda_graph(destroy_a_graph, torch.device("cuda"))
+    torch.rand(4, device="cuda")  # raised "Offset increment outside graph capture" before
+
+    def synchronize():
+        x.mul_(2)
+        torch.cuda.synchronize()
+
+    with pytest.raises(RuntimeError, match="not permitted when stream is capturing"):
+        _capture_cuda_graph(synchronize, torch.device("cuda"))
+    torch.rand(4, device="cuda")
+
+
+@pytest.mark.gpu
+def test_launch_graphs_capture_with_the_garbage_collector_paused():
+    needs_cute()
+    import gc
+
+    from parallel_mlp.launch_graphs import _capture_cuda_graph
+
+    x = torch.zeros(256, device="cuda")
+    seen = []
+    graph = _capture_cuda_graph(lambda: (seen.append(gc.isenabled()), x.add_(1)),
+                                torch.device("cuda"))
+    graph.replay()
+    assert seen == [False] and gc.isenabled()
+    assert torch.equal(x, torch.ones_like(x))
+
+
 # Shapes of host-bound fused steps (each GEMM's plan differs: 128x64 and 128x192 tiles, stream-K
 # and the dynamic scheduler among them) with tails in M and K, on the path users get ("auto":
 # the fused kernels at T=8192 d=1024; "cute" where auto would take the small step).
