@@ -35,8 +35,10 @@ ahead, its key built, and the graphs' bookkeeping done, for nothing replayed). T
 loose enough for every layer of a deep model to meet its site in the first step before the
 second step replays. The launches
 run as usual, uncaptured, while the current stream is being captured by someone else (they go
-into that graph, as they always did). A capture that fails turns the graphs off for the process,
-with a warning: the launches then run one by one.
+into that graph, as they always did). A capture runs with Python's garbage collector paused
+(``_collector_paused``). A capture that fails turns the graphs off for the process, with a
+warning that names the launches' own error, and leaves torch's CUDA RNG usable
+(``_end_capture``): the launches then run one by one.
 
 Measured (H200, 2026-12-03, a slow host: a tiny eager step's host time 742 µs): held 0.3 s x 6
 in alternating turns (``python3 tools/launch_graphs_ab.py``), the fused step with its groups
