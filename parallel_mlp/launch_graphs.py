@@ -37,8 +37,9 @@ second step replays. The launches
 run as usual, uncaptured, while the current stream is being captured by someone else (they go
 into that graph, as they always did). A capture runs with Python's garbage collector paused
 (``_collector_paused``). A capture that fails turns the graphs off for the process, with a
-warning that names the launches' own error, and leaves torch's CUDA RNG usable
-(``_end_capture``): the launches then run one by one.
+warning that names the launches' own error, and leaves torch's CUDA RNG usable and the
+allocator's routing to the capture's pool ended (``_end_capture``): the launches then run one
+by one.
 
 Measured (H200, 2026-12-03, a slow host: a tiny eager step's host time 742 µs): held 0.3 s x 6
 in alternating turns (``python3 tools/launch_graphs_ab.py``), the fused step with its groups
@@ -265,10 +266,13 @@ def _capture_cuda_graph(launches: Callable[[], None], device: torch.device):
 
     def capture_once(take):
         graph = torch.cuda.CUDAGraph()
+        # a pool named here (as make_graphed_callables names its own), so that a failed
+        # capture's allocator routing can be taken down (_end_capture)
+        pool = torch.cuda.graph_pool_handle()
         side.wait_stream(current)
         try:
             with torch.cuda.stream(side), _collector_paused():
-                graph.capture_begin(capture_error_mode="thread_local")
+                graph.capture_begin(pool=pool, capture_error_mode="thread_local")
                 try:
                     # counted after capture_begin, which allocates the graph's RNG seed and offset
                     # (16 bytes that the graph holds)
@@ -280,9 +284,9 @@ def _capture_cuda_graph(launches: Callable[[], None], device: torch.device):
                     # The launches' own error is the one to report (a _WorkspaceFull included):
                     # the capture is ended, and whatever ending an invalidated capture raises
                     # is dropped, torch's RNG state put right.
-                    _end_capture(graph, side, quiet=True)
+                    _end_capture(graph, side, index, pool, quiet=True)
                     raise
-                _end_capture(graph, side, quiet=False)
+                _end_capture(graph, side, index, pool, quiet=False)
         finally:
             current.wait_stream(side)
         if allocated:
@@ -308,12 +312,16 @@ def _collector_paused():
             gc.enable()
 
 
-def _end_capture(graph, stream, quiet: bool) -> None:
+def _end_capture(graph, stream, index: int, pool, quiet: bool) -> None:
     """End ``graph``'s capture on ``stream``. Where the capture was invalidated (a launch did
-    something a capture cannot hold), torch's capture_end raises before it hands the CUDA RNG
-    generators back from capture mode, and every later random op of the process fails ("Offset
-    increment outside graph capture"): an empty capture, begun and ended, hands them back. Then
-    the error is raised, or dropped with ``quiet``."""
+    something a capture cannot hold), torch's capture_end raises before it takes down what
+    capture_begin set up: the caching allocator's routing of the capture's allocations to its
+    pool, and the CUDA RNG generators' capture mode. Left so, every later random op of the
+    process failed ("Offset increment outside graph capture"), and leaving a caller's
+    ``use_mem_pool`` aborted the process (H200, 2026-12-04; the stale routing is the likely
+    cause). Both are taken down here, as a capture that ended and its graph's release would
+    have (the RNG's part checked on the H200, the routing's not yet), then the error is
+    raised, or dropped with ``quiet``."""
     try:
         with warnings.catch_warnings():
             # a capture cut short by _WorkspaceFull before its first launch is empty (a
@@ -321,9 +329,20 @@ def _end_capture(graph, stream, quiet: bool) -> None:
             warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
             graph.capture_end()
     except Exception:
+        _release_pool(index, pool)
         _release_generators(stream)
         if not quiet:
             raise
+
+
+def _release_pool(index: int, pool) -> None:
+    """The allocator's routing to ``pool`` ended and the capture's reference to it dropped (what
+    capture_end and the graph's release do); nothing of a torch whose capture_end got that far."""
+    try:
+        torch._C._cuda_endAllocateToPool(index, pool)
+    except RuntimeError:  # not routing to it any more
+        return
+    torch._C._cuda_releasePool(index, pool)
 
 
 def _release_generators(stream) -> None:

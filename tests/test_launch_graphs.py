@@ -508,3 +508,26 @@ def test_the_collector_is_paused_for_a_capture_and_left_as_found():
         assert not gc.isenabled()
     finally:
         gc.enable() if was else gc.disable()
+
+
+def test_a_failed_capture_takes_down_its_pool_routing(monkeypatch):
+    """After a capture that failed, the allocator's routing to its pool is ended and the pool
+    released, as capture_end and the graph's release would have; where torch had already ended
+    the routing, nothing is released twice."""
+    from parallel_mlp import launch_graphs
+
+    calls = []
+    monkeypatch.setattr(torch._C, "_cuda_endAllocateToPool",
+                        lambda index, pool: calls.append(("end", index, pool)))
+    monkeypatch.setattr(torch._C, "_cuda_releasePool",
+                        lambda index, pool: calls.append(("release", index, pool)))
+    launch_graphs._release_pool(0, (0, 7))
+    assert calls == [("end", 0, (0, 7)), ("release", 0, (0, 7))]
+
+    def not_routing(index, pool):
+        raise RuntimeError("endAllocatePool: not currently recording to mempool_id")
+
+    calls.clear()
+    monkeypatch.setattr(torch._C, "_cuda_endAllocateToPool", not_routing)
+    launch_graphs._release_pool(0, (0, 7))
+    assert calls == []

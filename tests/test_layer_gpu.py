@@ -367,15 +367,25 @@ def test_launch_graphs_refuse_a_capture_that_allocates():
 
 
 @pytest.mark.gpu
-def test_a_failed_capture_raises_its_cause_and_leaves_the_rng_working():
-    """A launch group whose capture fails raises what failed, and the process's CUDA RNG works
-    after it: torch's capture_end raises before handing its generators back from capture mode
-    when the capture was invalidated (here by destroying another CUDA graph inside it, which a
-    garbage collection can do), and every later random op would fail."""
+def test_a_failed_capture_raises_its_cause_and_leaves_the_process_working():
+    """A launch group whose capture fails raises what failed, and the process works after it:
+    torch's capture_end raises before it takes down the capture's allocator routing and the
+    CUDA RNG generators' capture mode when the capture was invalidated (here by destroying
+    another CUDA graph inside it, which a garbage collection can do, and by a synchronize);
+    left so, every later random op failed and leaving a caller's use_mem_pool aborted."""
     needs_cute()
     from parallel_mlp.launch_graphs import _capture_cuda_graph
 
     x = torch.zeros(256, device="cuda")
+
+    def still_works():
+        torch.rand(4, device="cuda")  # raised "Offset increment outside graph capture" before
+        with torch.cuda.use_mem_pool(torch.cuda.MemPool()):  # exiting it aborted before
+            torch.ones(1 << 20, device="cuda").sum().item()
+        graph = _capture_cuda_graph(lambda: x.add_(1), torch.device("cuda"))
+        graph.replay()
+        torch.cuda.synchronize()
+
     other = torch.cuda.CUDAGraph()
     with torch.cuda.stream(torch.cuda.Stream()):
         other.capture_begin()
@@ -390,7 +400,7 @@ def test_a_failed_capture_raises_its_cause_and_leaves_the_rng_working():
 
     with pytest.raises(RuntimeError, match="capture"):
         _capture_cuda_graph(destroy_a_graph, torch.device("cuda"))
-    torch.rand(4, device="cuda")  # raised "Offset increment outside graph capture" before
+    still_works()
 
     def synchronize():
         x.mul_(2)
@@ -398,7 +408,7 @@ def test_a_failed_capture_raises_its_cause_and_leaves_the_rng_working():
 
     with pytest.raises(RuntimeError, match="not permitted when stream is capturing"):
         _capture_cuda_graph(synchronize, torch.device("cuda"))
-    torch.rand(4, device="cuda")
+    still_works()
 
 
 @pytest.mark.gpu
