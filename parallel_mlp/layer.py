@@ -43,20 +43,34 @@ def parallel_mlp_func(x, w1, w2, activation, *, b1=None, b2=None, tp_group=None,
 def _run(x, w1, b1, w2, b2, act, tp: TPGroup, sequence_parallel, recompute, fuse_grad_accum,
          backend: str, tp_comm_overlap):
     """parallel_mlp_func with its activation and group resolved and its backend's name checked
-    (ParallelMLP's forward holds them so): the shards' checks, then the small step or the fused
+    (ParallelMLP's forward holds them so): the small step, or the shards' checks and the fused
     function. Its arguments are positional: a host-bound step pays for each keyword."""
-    check_shards(x, w1, b1, w2, b2, act)
     if sequence_parallel:
         check_sequence_parallel_input(x)
+    checked = False
     if backend == "auto":
-        s1, s2 = w1.shape, w2.shape
-        if small_step.applies(
-                x.numel() // s1[1], s1[1], s1[0], s2[1], s2[0],
-                device_type="cuda" if x.is_cuda else x.device.type, backend=backend,
-                tp_size=tp.size, recompute=recompute, fuse_grad_accum=fuse_grad_accum,
-                compiling=torch.compiler.is_compiling(), gate_ops=act.gate is not None,
-                launch_graphs=replays_launches(b1, b2)):
-            return small_step.small_step(x, w1, b1, w2, b2, act)
+        try:
+            if b1 is not None or b2 is not None or not x.dtype.is_floating_point:
+                # torch's ops would broadcast a bias of the wrong shape, multiply complex numbers
+                check_shards(x, w1, b1, w2, b2, act)
+                checked = True
+            s1, s2 = w1.shape, w2.shape
+            if small_step.applies(
+                    x.numel() // s1[1], s1[1], s1[0], s2[1], s2[0],
+                    device_type="cuda" if x.is_cuda else x.device.type, backend=backend,
+                    tp_size=tp.size, recompute=recompute, fuse_grad_accum=fuse_grad_accum,
+                    compiling=torch.compiler.is_compiling(), gate_ops=act.gate is not None,
+                    launch_graphs=replays_launches(b1, b2)):
+                # The small step's own torch ops refuse what the shards' checks would (shapes,
+                # dtypes, devices), so the checks run only where something failed, to say
+                # which input and rule: a host-bound step saves their host time.
+                return small_step.small_step(x, w1, b1, w2, b2, act)
+        except Exception:
+            if not checked:
+                check_shards(x, w1, b1, w2, b2, act)
+            raise
+    if not checked:
+        check_shards(x, w1, b1, w2, b2, act)
     overlap = overlap_mod.enabled(tp_comm_overlap, tp, x.device.type)
     return _apply_function(x, w1, b1, w2, b2, act, tp, bool(recompute), bool(fuse_grad_accum),
                            backend, bool(sequence_parallel), overlap)

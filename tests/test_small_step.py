@@ -216,6 +216,49 @@ def test_the_layer_runs_the_small_step_when_the_rule_says_so(monkeypatch):
         torch.testing.assert_close(got, want)
 
 
+def _shards_for(rows=24, d=16, h=12, out=9, dtype=torch.float32):
+    return (torch.randn(5, d, dtype=dtype), torch.randn(rows, d, dtype=dtype),
+            torch.randn(out, h, dtype=dtype))
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda x, w1, w2: (x[:, :15], w1, w2, None, None), r"x's last dim must be in_features=16"),
+    (lambda x, w1, w2: (x, w1, w2[:, :11], None, None), r"w2 must be \[out_features, 12\]"),
+    (lambda x, w1, w2: (x, w1[:23], w2, None, None), r"must be even; got w1 with 23 rows"),
+    (lambda x, w1, w2: (x.double(), w1, w2, None, None), r"w1 has dtype torch.float32 but x has"),
+    (lambda x, w1, w2: (x.tolist(), w1, w2, None, None), r"x must be a torch.Tensor, got list"),
+    (lambda x, w1, w2: (x, w1[0], w2, None, None), r"w1 and w2 must be 2-D weight shards"),
+    (lambda x, w1, w2: (x.to(torch.complex64), w1.to(torch.complex64), w2.to(torch.complex64),
+                        None, None), r"x must be a floating-point tensor"),
+    # torch's ops would broadcast a bias of one element
+    (lambda x, w1, w2: (x, w1, w2, torch.zeros(1), None), r"b1 must have shape \(24,\)"),
+])
+def test_the_small_step_reports_bad_shards_as_the_checks_do(monkeypatch, bad, message):
+    """Where the small step runs, its torch ops check the shards and the layer's checks run only
+    after one failed (or where a bias or a dtype needs them first): the errors still name the
+    input and the rule."""
+    monkeypatch.setattr(small_step, "applies", lambda *a, **k: True)
+    x, w1, w2, b1, b2 = bad(*_shards_for())
+    with pytest.raises((ValueError, TypeError), match=message):
+        parallel_mlp_func(x, w1, w2, "swiglu", b1=b1, b2=b2)
+
+
+def test_the_small_step_runs_without_the_checks_when_nothing_fails(monkeypatch):
+    from parallel_mlp import layer
+
+    calls = []
+    monkeypatch.setattr(small_step, "applies", lambda *a, **k: True)
+    monkeypatch.setattr(layer, "check_shards", lambda *a: calls.append(a))
+    x, w1, w2 = _shards_for()
+    parallel_mlp_func(x, w1, w2, "swiglu")
+    assert calls == []
+    parallel_mlp_func(x, w1, w2, "swiglu", b1=torch.zeros(24))
+    assert len(calls) == 1
+    monkeypatch.setattr(small_step, "applies", lambda *a, **k: False)
+    parallel_mlp_func(x, w1, w2, "swiglu")
+    assert len(calls) == 2  # the fused path checks before anything runs
+
+
 @pytest.mark.parametrize("enabled,bias,want", [(True, False, True), (True, True, False),
                                                 (False, False, False)])
 def test_the_layer_tells_the_rule_whether_its_groups_would_replay(monkeypatch, enabled, bias,
