@@ -11,9 +11,11 @@ make and free their tensors. On the H200 (2026-12-03, `tools/step_memory_trace.p
 untimed step), T=512 d=1024 swiglu asked for 25.0 MiB at its peak in every variant and held
 25.0 (eager), 26.0 (the fused step making dpreact before postact), 26.75 (with fc2's weight
 gradient made before the dact) and, with postact made before dpreact, 25.0; T=512 d=8192 swiglu
-held 159.44 against eager's 159.38, asking for 158.38. This model reproduces those figures from the sizes alone, and
-prints, at the sweep's 30 shapes in both memory modes, what the blocks hold above the requested
-peak for the fused step's order and for the alternatives.
+held 159.44 against eager's 159.38, asking for 158.38. This model reproduces those figures from
+the sizes alone, and prints, at the sweep's 30 shapes in both memory modes, what the blocks hold
+above the requested peak for the fused step's order and for the alternatives. Its prediction
+for the forward's group making y before postact, 159.375 at T=512 d=8192, measured so on the
+H200 afterwards (2026-12-04, code 0889eb5).
 
 What it models (c10/cuda/CUDACachingAllocator.cpp, one stream, no expandable segments): sizes
 rounded up to 512 bytes; requests up to 1 MiB from the small pool's 2 MiB segments, larger ones
