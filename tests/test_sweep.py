@@ -239,6 +239,26 @@ def test_torch_backend_and_tokens_flags():
         sweep.grid(sweep.parse_args(["--tokens", "3"]))
 
 
+def test_shape_flag_picks_grid_shapes_by_tokens_width_activation_and_shard():
+    args = sweep.parse_args(["--shape", "512,1024,gelu_tanh_approx",
+                             "--shape", "8192,4096,gelu_tanh_approx,2048"])
+    picked = sweep.grid(args)
+    assert [(s.tokens, s.d, s.act, s.shard) for s in picked] == [
+        (s.tokens, s.d, s.act, s.shard) for s in GRID
+        if (s.tokens, s.d, s.act) == (512, 1024, "gelu_tanh_approx")
+        or (s.tokens, s.d, s.act, s.shard) == (8192, 4096, "gelu_tanh_approx", 2048)]
+    assert len(picked) == 2
+    # both filters: a shape must match both
+    args = sweep.parse_args(["--tokens", "8192", "--shape", "512,1024,gelu_tanh_approx",
+                             "--shape", "8192,4096,gelu_tanh_approx,2048"])
+    assert [s.tokens for s in sweep.grid(args)] == [8192]
+    with pytest.raises(ValueError, match="--shape 512,1024,swiglu,99: no shape of this grid"):
+        sweep.grid(sweep.parse_args(["--shape", "512,1024,swiglu,99"]))
+    for bad in ("512,1024", "512,x,swiglu", "1,2,swiglu,3,4"):
+        with pytest.raises(SystemExit):
+            sweep.parse_args(["--shape", bad])
+
+
 def test_graphed_flag_adds_both_graphed_variants_and_their_capture_time():
     args = sweep.parse_args(["--graphed", "--torch-backend", "--no-quack", "--skip-compile",
                              "--no-eager-copy", "--no-eager-recompute"])

@@ -22,7 +22,7 @@ def test_lists_every_step_with_its_command():
     r = run("--list")
     assert r.returncode == 0
     steps = [line.split()[0] for line in r.stdout.splitlines()]
-    assert steps == ["tests_kernels", "tests_layer", "tests_defaults", "tests_all", "streamk", "streamk_fill", "configs_small", "configs_wave", "configs_mid", "configs_long_k", "configs_dact", "configs_swap", "configs_ring", "plain_gemms", "plain_gemms_host", "gemm", "mlp", "sweep", "sweep_ceiling", "sweep_plain_launches", "sweep_small", "sweep_graphed",
+    assert steps == ["tests_kernels", "tests_layer", "tests_defaults", "tests_all", "streamk", "streamk_fill", "configs_small", "configs_wave", "configs_mid", "configs_long_k", "configs_dact", "configs_swap", "configs_ring", "plain_gemms", "plain_gemms_host", "gemm", "mlp", "sweep", "sweep_ceiling", "sweep_plain_launches", "sweep_below_eager", "sweep_small", "sweep_graphed",
                      "tp", "tp_sp", "profile", "launch_graphs", "memory_trace", "small_step_variants", "timing_spread", "host_step",
                      "host_stages", "host_env", "host_phases", "cold", "clock", "full", "ncu", "ncu_dact", "ncu_smem"]
     # every step the script defines is listed (a step missing from the list still ran, unseen)
@@ -32,6 +32,11 @@ def test_lists_every_step_with_its_command():
     commands = dict(line.split(None, 1) for line in r.stdout.splitlines())
     assert "python3 -m parallel_mlp.bench sweep --json" in commands["sweep"]
     assert "-m parallel_mlp.bench tp" in commands["tp"]
+    # the re-timing of the shapes below eager names four shapes of the grid
+    from parallel_mlp.bench import sweep
+
+    below = commands["sweep_below_eager"].split("sweep", 1)[1].split()
+    assert len(sweep.grid(sweep.parse_args(below))) == 4
     # every bench command a step names exists (the full run's step names none)
     from parallel_mlp.bench.__main__ import COMMANDS
 

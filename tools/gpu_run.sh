@@ -66,6 +66,9 @@
 #     sweep_plain_launches  the sweep with ours launching kernel by kernel (--no-launch-graphs:
 #                    its launch groups never replayed from CUDA graphs, launch_graphs.py) (~8 min,
 #                    a call of its own)
+#     sweep_below_eager  the four shapes the latest sweep read below eager (the non-gated small
+#                    steps and T=512 d=1024 swiglu), eight turns each instead of two, without
+#                    quack and torch.compile (~3 min)
 #     sweep_small    the sweep's shapes of T <= 4096, ours on the fused kernels (--backend cute)
 #                    with the torch backend timed beside them (~4 min)
 #     sweep_graphed  the sweep's shapes of T <= 4096, ours on the fused kernels, with eager and ours
@@ -143,6 +146,7 @@ declare -A CMD=(
   [sweep]="timeout 580 $BENCH sweep --json $OUT/sweep.json --png $OUT/sweep.png"
   [sweep_ceiling]="timeout 585 $BENCH sweep --ceiling --budget-s 540 --json $OUT/sweep.json --png $OUT/sweep.png"
   [sweep_plain_launches]="timeout 585 $BENCH sweep --no-launch-graphs --budget-s 540 --json $OUT/sweep-plain-launches.json --png $OUT/sweep-plain-launches.png"
+  [sweep_below_eager]="timeout 400 $BENCH sweep --shape 512,1024,gelu_tanh_approx --shape 4096,1024,gelu_tanh_approx --shape 8192,4096,gelu_tanh_approx,2048 --shape 512,1024,swiglu --rounds 8 --no-quack --skip-compile --no-eager-recompute --json $OUT/sweep-below-eager.json"
   [sweep_small]="timeout 400 $BENCH sweep --backend cute --torch-backend --tokens 512,1000,2048,4096 --json $OUT/sweep-small.json"
   [sweep_graphed]="timeout 420 $BENCH sweep --backend cute --graphed --no-quack --skip-compile --tokens 512,1000,2048,4096 --json $OUT/sweep-graphed.json"
   [tp]="timeout 120 python3 -m pytest -q -m gpu tests/test_layer_gpu.py -k nccl; timeout 420 python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m parallel_mlp.bench tp --configs swiglu:28672,swiglu:14336,gelu_tanh_approx:32768 --json $OUT/tp.json; python3 -m parallel_mlp.bench tp-model --tp-json $OUT/tp.json"
@@ -163,7 +167,7 @@ declare -A CMD=(
   [ncu_smem]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 6 --launch-count 6 --metrics l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum,smsp__inst_executed_op_shared_ld.sum,smsp__inst_executed_op_shared_st.sum,smsp__inst_executed_op_global_ld.sum,smsp__average_warp_latency_issue_stalled_long_scoreboard.ratio,smsp__average_warp_latency_issue_stalled_barrier.ratio,smsp__average_warp_latency_issue_stalled_wait.ratio $BENCH ncu-cases --short-k-dact"
   [ncu_dact]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 6 --launch-count 6 --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section Occupancy --section ComputeWorkloadAnalysis --section InstructionStats $BENCH ncu-cases --short-k-dact"
 )
-ORDER=(tests_kernels tests_layer tests_defaults tests_all streamk streamk_fill configs_small configs_wave configs_mid configs_long_k configs_dact configs_swap configs_ring plain_gemms plain_gemms_host gemm mlp sweep sweep_ceiling sweep_plain_launches sweep_small sweep_graphed tp tp_sp profile launch_graphs memory_trace small_step_variants timing_spread host_step host_stages host_env host_phases cold clock full ncu ncu_dact ncu_smem)
+ORDER=(tests_kernels tests_layer tests_defaults tests_all streamk streamk_fill configs_small configs_wave configs_mid configs_long_k configs_dact configs_swap configs_ring plain_gemms plain_gemms_host gemm mlp sweep sweep_ceiling sweep_plain_launches sweep_below_eager sweep_small sweep_graphed tp tp_sp profile launch_graphs memory_trace small_step_variants timing_spread host_step host_stages host_env host_phases cold clock full ncu ncu_dact ncu_smem)
 
 steps=("$@")
 if [ ${#steps[@]} -eq 0 ]; then

@@ -7,6 +7,8 @@ pretraining run meets.
     python -m parallel_mlp.bench sweep --dry-run   # tiny shapes on the CPU (automatic without CUDA)
     python -m parallel_mlp.bench sweep --ceiling   # cuBLAS's six GEMMs alone beside ours, ~9 min
     python -m parallel_mlp.bench sweep --torch-backend --tokens 512,1000,2048,4096
+    python -m parallel_mlp.bench sweep --shape 512,1024,gelu_tanh_approx --rounds 8
+                                                   # one shape of the grid, more turns
                                                    # the short steps, the torch backend beside cute
 
 For each shape of the grid (sweep_grid.py: 30 shapes over tokens per rank, model width and TP
@@ -173,6 +175,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "for the whole run")
     p.add_argument("--tokens", default=None,
                    help="only the grid's shapes with these tokens per rank, e.g. 512,1000,2048")
+    p.add_argument("--shape", action="append", default=None, metavar="T,D,ACT[,H]",
+                   help="only the grid's shapes with these tokens per rank, width, activation "
+                        "and (optionally) per-rank hidden size, e.g. 512,1024,gelu_tanh_approx; "
+                        "repeat it for more (with --tokens, a shape must match both)")
     p.add_argument("--skip-compile", action="store_true", help="no torch.compile baseline")
     p.add_argument("--no-quack", action="store_true", help="no quack baseline")
     p.add_argument("--quack-tuned", action="store_true",
@@ -192,7 +198,29 @@ def parse_args(argv=None) -> argparse.Namespace:
             args.tokens = sorted({int(t) for t in args.tokens.split(",")})
         except ValueError:
             p.error(f"--tokens {args.tokens!r}: give token counts separated by commas, e.g. 512,2048")
+    if args.shape is not None:
+        args.shape = [_shape_filter(p, text) for text in args.shape]
     return args
+
+
+def _shape_filter(p: argparse.ArgumentParser, text: str) -> tuple:
+    """(tokens, d, activation, per-rank hidden or None) of one --shape."""
+    parts = text.split(",")
+    try:
+        if len(parts) not in (3, 4):
+            raise ValueError
+        tokens, d, act = int(parts[0]), int(parts[1]), parts[2]
+        hidden = int(parts[3]) if len(parts) == 4 else None
+    except ValueError:
+        p.error(f"--shape {text!r}: give T,D,ACT or T,D,ACT,H, e.g. 512,1024,gelu_tanh_approx "
+                "or 8192,4096,gelu_tanh_approx,2048")
+    return tokens, d, act, hidden
+
+
+def _matches(shape: Shape, wanted: tuple) -> bool:
+    tokens, d, act, hidden = wanted
+    return ((shape.tokens, shape.d, shape.act) == (tokens, d, act)
+            and hidden in (None, shape.shard))
 
 
 def apply_defaults(args: argparse.Namespace) -> argparse.Namespace:
@@ -202,14 +230,21 @@ def apply_defaults(args: argparse.Namespace) -> argparse.Namespace:
     if args.dry_run:
         args.iters = min(args.iters, 2)
         args.warmup = min(args.warmup, 1)
-        if args.tokens is not None:
-            log("--tokens picks shapes of the GPU grid; the dry run keeps its tiny shapes")
-            args.tokens = None
+        if args.tokens is not None or args.shape is not None:
+            log("--tokens and --shape pick shapes of the GPU grid; the dry run keeps its tiny "
+                "shapes")
+            args.tokens = args.shape = None
     return args
 
 
 def grid(args: argparse.Namespace) -> tuple[Shape, ...]:
     shapes = DRY_RUN if args.dry_run else QUICK if args.quick else GRID
+    for wanted in args.shape or ():
+        if not any(_matches(s, wanted) for s in shapes):
+            raise ValueError(f"--shape {','.join(str(v) for v in wanted if v is not None)}: "
+                             "no shape of this grid is that one")
+    if args.shape is not None:
+        shapes = tuple(s for s in shapes if any(_matches(s, w) for w in args.shape))
     if args.tokens is not None:
         shapes = tuple(s for s in shapes if s.tokens in args.tokens)
         if not shapes:
