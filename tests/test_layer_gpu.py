@@ -372,43 +372,68 @@ def test_a_failed_capture_raises_its_cause_and_leaves_the_process_working():
     torch's capture_end raises before it takes down the capture's allocator routing and the
     CUDA RNG generators' capture mode when the capture was invalidated (here by destroying
     another CUDA graph inside it, which a garbage collection can do, and by a synchronize);
-    left so, every later random op failed and leaving a caller's use_mem_pool aborted."""
+    left so, every later random op failed and leaving a caller's use_mem_pool aborted the
+    process. Run in a process of its own, so that an abort fails this test alone."""
     needs_cute()
-    from parallel_mlp.launch_graphs import _capture_cuda_graph
+    import subprocess
+    import sys
 
-    x = torch.zeros(256, device="cuda")
+    r = subprocess.run([sys.executable, "-c", _FAILED_CAPTURES], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and r.stdout.split()[-1:] == ["ok"], \
+        f"rc {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
 
-    def still_works():
-        torch.rand(4, device="cuda")  # raised "Offset increment outside graph capture" before
-        with torch.cuda.use_mem_pool(torch.cuda.MemPool()):  # exiting it aborted before
-            torch.ones(1 << 20, device="cuda").sum().item()
-        graph = _capture_cuda_graph(lambda: x.add_(1), torch.device("cuda"))
-        graph.replay()
-        torch.cuda.synchronize()
 
-    other = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(torch.cuda.Stream()):
-        other.capture_begin()
-        x.add_(1)
-        other.capture_end()
-    held = [other]
-    del other
+_FAILED_CAPTURES = """
+import torch
+from parallel_mlp.launch_graphs import _capture_cuda_graph
 
-    def destroy_a_graph():
-        held.clear()
-        x.mul_(2)
+x = torch.zeros(256, device="cuda")
 
-    with pytest.raises(RuntimeError, match="capture"):
-        _capture_cuda_graph(destroy_a_graph, torch.device("cuda"))
-    still_works()
 
-    def synchronize():
-        x.mul_(2)
-        torch.cuda.synchronize()
+def still_works():
+    torch.rand(4, device="cuda")  # raised "Offset increment outside graph capture" before
+    with torch.cuda.use_mem_pool(torch.cuda.MemPool()):  # leaving it aborted before
+        torch.ones(1 << 20, device="cuda").sum().item()
+    graph = _capture_cuda_graph(lambda: x.add_(1), torch.device("cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
 
-    with pytest.raises(RuntimeError, match="not permitted when stream is capturing"):
-        _capture_cuda_graph(synchronize, torch.device("cuda"))
-    still_works()
+
+def fails(launches, message):
+    try:
+        _capture_cuda_graph(launches, torch.device("cuda"))
+    except RuntimeError as e:
+        assert message in str(e), e
+    else:
+        raise AssertionError("the capture did not fail")
+
+
+other = torch.cuda.CUDAGraph()
+with torch.cuda.stream(torch.cuda.Stream()):
+    other.capture_begin()
+    x.add_(1)
+    other.capture_end()
+held = [other]
+del other
+
+
+def destroy_a_graph():
+    held.clear()
+    x.mul_(2)
+
+
+def synchronize():
+    x.mul_(2)
+    torch.cuda.synchronize()
+
+
+fails(destroy_a_graph, "capture")
+still_works()
+fails(synchronize, "not permitted when stream is capturing")
+still_works()
+print("ok")
+"""
 
 
 @pytest.mark.gpu
