@@ -323,11 +323,7 @@ def _end_capture(graph, stream, index: int, pool, quiet: bool) -> None:
     have (the RNG's part checked on the H200, the routing's not yet), then the error is
     raised, or dropped with ``quiet``."""
     try:
-        with warnings.catch_warnings():
-            # a capture cut short by _WorkspaceFull before its first launch is empty (a
-            # group's whole capture never is): dropped, and captured again
-            warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
-            graph.capture_end()
+        _capture_end(graph)
     except Exception:
         _release_pool(index, pool)
         _release_generators(stream)
@@ -347,11 +343,17 @@ def _release_pool(index: int, pool) -> None:
 
 def _release_generators(stream) -> None:
     empty = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        empty.capture_begin(capture_error_mode="thread_local")
+        _capture_end(empty)
+
+
+def _capture_end(graph) -> None:
     with warnings.catch_warnings():
+        # empty on purpose (_release_generators), or cut short by _WorkspaceFull before its
+        # first launch (a group's whole capture never is): dropped, and captured again
         warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
-        with torch.cuda.stream(stream):
-            empty.capture_begin(capture_error_mode="thread_local")
-            empty.capture_end()
+        graph.capture_end()
 
 
 def _replay_cuda_graph(graph, launches) -> None:

@@ -7,9 +7,9 @@ pretraining run meets.
     python -m parallel_mlp.bench sweep --dry-run   # tiny shapes on the CPU (automatic without CUDA)
     python -m parallel_mlp.bench sweep --ceiling   # cuBLAS's six GEMMs alone beside ours, ~9 min
     python -m parallel_mlp.bench sweep --torch-backend --tokens 512,1000,2048,4096
+                                                   # the short steps, the torch backend beside cute
     python -m parallel_mlp.bench sweep --shape 512,1024,gelu_tanh_approx --rounds 8
                                                    # one shape of the grid, more turns
-                                                   # the short steps, the torch backend beside cute
 
 For each shape of the grid (sweep_grid.py: 30 shapes over tokens per rank, model width and TP
 shard, swiglu and gelu_tanh_approx) and each variant, ours (default mode), ours (recompute),
