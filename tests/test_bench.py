@@ -245,6 +245,29 @@ def test_ratio_pairs_held_timings_round_by_round():
     assert ratio(base, None) is None and ratio({"error": "x"}, other) is None
 
 
+def test_ratio_interval_is_the_binomial_rank_interval_of_the_round_ratios():
+    """Six rounds are the fewest whose extremes hold the median at 95% (1 - 2/64 = 0.969; five:
+    0.938); with 20 the 6th smallest and 6th largest (1 - 2 P(B <= 5) = 0.959, where the 7th
+    would give 0.885). Rounds in any order; unpaired or too few rounds give None."""
+    import random
+
+    from parallel_mlp.bench.harness import ratio_interval
+
+    def held(ratios):
+        random.Random(0).shuffle(ratios)
+        base = {"ms": 1.0, "holds_ms": [3.0 * r for r in ratios]}
+        return base, {"ms": 1.0, "holds_ms": [3.0] * len(ratios)}
+
+    assert ratio_interval(*held([0.9, 1.3, 1.0, 1.1, 0.8])) is None
+    assert ratio_interval(*held([0.9, 1.3, 1.0, 1.1, 0.8, 1.2])) == pytest.approx((0.8, 1.3))
+    assert ratio_interval(*held([i / 10 for i in range(1, 21)])) == pytest.approx((0.6, 1.5))
+    assert ratio_interval(*held([i / 10 for i in range(1, 21)]), level=0.8) == pytest.approx(
+        (0.7, 1.4))  # the 7th: 1 - 2 P(B <= 6) = 0.885; the 8th would give 0.737
+    base, other = held([1.0] * 8)
+    assert ratio_interval(base, {"ms": 1.0, "holds_ms": [3.0] * 7}) is None
+    assert ratio_interval(base, {"ms": 1.0}) is None and ratio_interval(None, other) is None
+
+
 def test_time_held_keeps_each_rounds_hold():
     from parallel_mlp.bench import harness
 

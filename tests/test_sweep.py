@@ -372,6 +372,31 @@ def test_ours_over_pairs_held_turns_round_by_round():
     assert sweep_report.ours_over(row, "quack") is None
 
 
+def test_the_summary_calls_a_shape_slower_only_beyond_the_rounds_interval():
+    """Eight rounds per shape: ours 0.95x in every round of s0 is slower beyond its interval; s1,
+    whose rounds scatter on both sides of 1.0, is a tie; s2 with two rounds has no interval and
+    is left out; eager's second copy is checked the same way."""
+    def holds(ratios):
+        return {"ms": 1.0, "holds_ms": [1.0 / r for r in ratios]}
+
+    eager = {"ms": 1.0, "holds_ms": [1.0] * 8}
+    rows = [{"label": "s0", "variants": {"eager": eager, "ours": holds([0.95] * 8),
+                                         "eager_copy": holds([1.0] * 8)}},
+            {"label": "s1", "variants": {"eager": eager,
+                                         "ours": holds([0.9, 1.1, 0.95, 1.05] * 2),
+                                         "eager_copy": holds([1.01, 1.03, 1.02, 1.04] * 2)}},
+            {"label": "s2", "variants": {"eager": {"ms": 1.0, "holds_ms": [1.0, 1.0]},
+                                         "ours": holds([0.5, 0.5])}}]
+    text = sweep_report.format_sweep({"meta": {}, "rows": rows})
+    assert ("ours vs eager, 95% interval over the rounds, at 2 shapes: slower at 1, a tie at 1, "
+            "faster at 0") in text
+    assert "slower: s0 (0.950x, 0.950-0.950)" in text
+    assert ("eager's second copy vs eager, 95% interval over the rounds, at 2 shapes: slower at "
+            "0, a tie at 1, faster at 1") in text
+    assert "faster: s1 (1.025x, 1.010-1.040)" in text
+    assert "s2 (" not in text
+
+
 def test_host_probe_needs_cuda():
     from parallel_mlp.bench.harness import Ctx
 

@@ -272,6 +272,40 @@ def ratio(base: dict | None, other: dict | None) -> float | None:
     return base["ms"] / other["ms"]
 
 
+def _paired_ratios(base, other) -> list[float]:
+    """base's hold / other's, round by round, where both hold the same number of rounds."""
+    if not (isinstance(base, dict) and isinstance(other, dict)):
+        return []
+    b, o = base.get("holds_ms") or (), other.get("holds_ms") or ()
+    if len(b) != len(o) or not all(x > 0 for x in o):
+        return []
+    return [x / y for x, y in zip(b, o)]
+
+
+def ratio_interval(base: dict | None, other: dict | None,
+                   level: float = 0.95) -> tuple[float, float] | None:
+    """An interval that holds :func:`ratio`'s paired median with probability at least ``level``,
+    or None where the rounds are too few (six at 0.95) or unpaired.
+
+    Distribution-free: the k-th smallest and the k-th largest of the n round ratios, with k the
+    largest rank at which a median's interval covers it with that probability (each round's
+    ratio falls on either side of the true median with probability 1/2, so the number below it
+    is binomial). It assumes rounds independent of each other, which a host that drifts over
+    seconds only approximates; eager against a second copy of itself in the same run shows how
+    often an interval misses 1.0 without a cause."""
+    ratios = sorted(_paired_ratios(base, other))
+    n = len(ratios)
+    k, below = 0, 0.0  # below: P(fewer than k+1 of the n rounds fall below the median)
+    while k < n // 2:
+        below += math.comb(n, k) / 2 ** n
+        if 1 - 2 * below < level:
+            break
+        k += 1
+    if k == 0:
+        return None
+    return ratios[k - 1], ratios[n - k]
+
+
 def free_memory(ctx: Ctx) -> None:
     if ctx.cuda:
         torch.cuda.empty_cache()

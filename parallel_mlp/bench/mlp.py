@@ -17,6 +17,7 @@ from .harness import (
     nbytes,
     per_name,
     ratio,
+    ratio_interval,
     time_with_tflops,
     unavailable,
 )
@@ -158,6 +159,7 @@ def finish_mlp_row(row: dict) -> dict:
             if name == "compile" and "ms" in v.get("eager_again", {}):
                 base = v["eager_again"]
             res["speedup_vs_eager"] = ratio(base, res)
+            res["speedup_vs_eager_interval"] = ratio_interval(base, res)
     row["recompute_ratio"] = ratio(v.get("ours_recompute"), v.get("ours"))
     if isinstance(v.get("ours_recompute"), dict) and "ms" in v["ours_recompute"]:
         # recompute mode against eager at the same memory (x kept alone)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import textwrap
 
-from .harness import ratio
+from .harness import ratio, ratio_interval
 from .report import Notes, num, run_lines, save_figure, table, timing_line
 from .threads import describe
 
@@ -116,7 +116,7 @@ def summary(results: dict) -> list[str]:
     for name, _, label in BASELINES:
         pairs = [(x, r["label"]) for r in rows if (x := ours_over(r, name)) is not None]
         lines.append(f"  vs {label:14s} {_spread(pairs) if pairs else '-'}")
-    lines += (noise(rows) + ceiling(rows) + small_steps(rows) + backend_choice(rows)
+    lines += (noise(rows) + intervals(rows) + ceiling(rows) + small_steps(rows) + backend_choice(rows)
               + plain_gemm_library(rows) + graphed(rows))
     rec = [r["recompute_ratio"] for r in rows if r.get("recompute_ratio")]
     if rec:
@@ -147,6 +147,32 @@ def noise(rows: list[dict]) -> list[str]:
     if not pairs:
         return []
     return [f"  eager vs a second copy of itself (the timing's spread): {_spread(pairs)}"]
+
+
+def intervals(rows: list[dict]) -> list[str]:
+    """Where a shape ran enough rounds for harness.ratio_interval (the host-bound steps' many
+    short turns; six or more): ours, and eager's second copy as the check of the method, against
+    eager, slower or faster only where the 95% interval of the paired median leaves out 1.0."""
+    lines = []
+    for variant, label in (("ours", "ours"), ("eager_copy", "eager's second copy")):
+        found = {"slower": [], "a tie": [], "faster": []}
+        for r in rows:
+            v = r["variants"]
+            interval = ratio_interval(v.get("eager"), v.get(variant))
+            if interval is None:
+                continue
+            lo, hi = interval
+            verdict = "slower" if hi < 1.0 else "faster" if lo > 1.0 else "a tie"
+            found[verdict].append(f"{r['label']} ({ratio(v['eager'], v[variant]):.3f}x, "
+                                  f"{lo:.3f}-{hi:.3f})")
+        n = sum(len(x) for x in found.values())
+        if not n:
+            continue
+        lines.append(f"  {label} vs eager, 95% interval over the rounds, at {n} shapes: "
+                     + ", ".join(f"{verdict} at {len(x)}" for verdict, x in found.items()))
+        lines += [f"    {verdict}: {cell}" for verdict in ("slower", "faster")
+                  for cell in found[verdict]]
+    return lines
 
 
 def ceiling(rows: list[dict]) -> list[str]:
