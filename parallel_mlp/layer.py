@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 from torch import nn
@@ -41,10 +42,11 @@ def parallel_mlp_func(x, w1, w2, activation, *, b1=None, b2=None, tp_group=None,
 
 
 def _run(x, w1, b1, w2, b2, act, tp: TPGroup, sequence_parallel, recompute, fuse_grad_accum,
-         backend: str, tp_comm_overlap):
+         backend: str, tp_comm_overlap, small=None):
     """parallel_mlp_func with its activation and group resolved and its backend's name checked
     (ParallelMLP's forward holds them so): the small step, or the shards' checks and the fused
-    function. Its arguments are positional: a host-bound step pays for each keyword."""
+    function. ``small``: the small-step rule's answer where the caller already has it (None:
+    ask it here). Its arguments are positional: a host-bound step pays for each keyword."""
     if sequence_parallel:
         check_sequence_parallel_input(x)
     # The small step's own torch ops refuse what the shards' checks would (shapes, dtypes,
@@ -56,25 +58,37 @@ def _run(x, w1, b1, w2, b2, act, tp: TPGroup, sequence_parallel, recompute, fuse
                         and x.dtype.is_floating_point)
     if not check_on_failure:
         check_shards(x, w1, b1, w2, b2, act)
-    if backend == "auto":
+    if backend == "auto" and small is None:
         try:
             s1, s2 = w1.shape, w2.shape
-            if small_step.applies(
-                    x.numel() // s1[1], s1[1], s1[0], s2[1], s2[0],
-                    device_type="cuda" if x.is_cuda else x.device.type, backend=backend,
-                    tp_size=tp.size, recompute=recompute, fuse_grad_accum=fuse_grad_accum,
-                    compiling=torch.compiler.is_compiling(), gate_ops=act.gate is not None,
-                    launch_graphs=replays_launches(b1, b2)):
-                return small_step.small_step(x, w1, b1, w2, b2, act)
+            small = small_step.applies(
+                x.numel() // s1[1], s1[1], s1[0], s2[1], s2[0],
+                device_type="cuda" if x.is_cuda else x.device.type, backend=backend,
+                tp_size=tp.size, recompute=recompute, fuse_grad_accum=fuse_grad_accum,
+                compiling=torch.compiler.is_compiling(), gate_ops=act.gate is not None,
+                launch_graphs=replays_launches(b1, b2))
         except Exception:
             if check_on_failure:
                 check_shards(x, w1, b1, w2, b2, act)
             raise
+    if small:
+        return _small_step(x, w1, b1, w2, b2, act, check_on_failure)
     if check_on_failure:
         check_shards(x, w1, b1, w2, b2, act)
     overlap = overlap_mod.enabled(tp_comm_overlap, tp, x.device.type)
     return _apply_function(x, w1, b1, w2, b2, act, tp, bool(recompute), bool(fuse_grad_accum),
                            backend, bool(sequence_parallel), overlap)
+
+
+def _small_step(x, w1, b1, w2, b2, act, check_on_failure: bool):
+    """small_step.small_step; where the shards' checks wait for a failure (``check_on_failure``,
+    see _run), they run after one, to raise the error that names the input and rule."""
+    try:
+        return small_step.small_step(x, w1, b1, w2, b2, act)
+    except Exception:
+        if check_on_failure:
+            check_shards(x, w1, b1, w2, b2, act)
+        raise
 
 
 def _apply_function(x, w1, b1, w2, b2, *options):
@@ -111,6 +125,25 @@ def _weight_and_bias(shard: nn.Module):
     if weight is None:
         weight = shard.weight
     return weight, params["bias"] if "bias" in params else shard.bias
+
+
+def _small_step_limit(w1, w2, options: tuple) -> tuple:
+    """(weak references to w1 and w2, options, the x.numel() below which a step without biases
+    on backend "auto" takes the small step): the rule's row limit (small_step.row_limit) times
+    in_features, for ParallelMLP.forward to keep until a weight or an option changes.
+    ``options``: (TP size, recompute, fuse_grad_accum, activation, whether launch groups would
+    replay, x's device type). A weight whose shape changes in place (``w.data = ...``) keeps
+    its limit: that only moves a step between two paths that compute the same function."""
+    tp_size, recompute, fuse_grad_accum, act, launch_graphs, device_type = options
+    limit = 0
+    if w1.dim() == 2 and w2.dim() == 2:  # else the checks refuse them, in _run
+        (fc1_rows, in_features), (out_features, hidden) = w1.shape, w2.shape
+        limit = in_features * small_step.row_limit(
+            in_features, fc1_rows, hidden, out_features, device_type=device_type,
+            backend="auto", tp_size=tp_size, recompute=recompute,
+            fuse_grad_accum=fuse_grad_accum, compiling=False, gate_ops=act.gate is not None,
+            launch_graphs=launch_graphs)
+    return weakref.ref(w1), weakref.ref(w2), options, limit
 
 
 def default_hidden_features(in_features: int, gated: bool) -> int:
@@ -276,9 +309,32 @@ class ParallelMLP(nn.Module):
         modules = self._modules  # fc1 and fc2 are always registered submodules
         w1, b1 = _weight_and_bias(modules["fc1"])
         w2, b2 = _weight_and_bias(modules["fc2"])
-        return _run(x, w1, b1, w2, b2, get_activation(self.activation), self.tp,
-                    self.sequence_parallel, self.recompute, self.fuse_grad_accum,
-                    check_backend_name(self.backend), self.tp_comm_overlap)
+        act = get_activation(self.activation)
+        small = None
+        # Where the shards' checks may wait for a failure (no biases, a floating x; see _run),
+        # the small-step rule's answer comes from a row limit kept for these weights and options
+        # (_small_step_limit): at a host-bound step, reading the sizes and asking the rule on
+        # every call cost more host time than the rest of the layer's dispatch.
+        if (self.backend == "auto" and b1 is None and b2 is None and not self.sequence_parallel
+                and not torch.compiler.is_compiling() and isinstance(x, torch.Tensor)
+                and x.dtype.is_floating_point):
+            options = (self.tp.size, self.recompute, self.fuse_grad_accum, act,
+                       replays_launches(None, None), "cuda" if x.is_cuda else x.device.type)
+            kept = self.__dict__.get("_small_step_limit")
+            if kept is None or kept[0]() is not w1 or kept[1]() is not w2 or kept[2] != options:
+                kept = self._small_step_limit = _small_step_limit(w1, w2, options)
+            small = x.numel() < kept[3]
+            if small:
+                return _small_step(x, w1, None, w2, None, act, True)
+        return _run(x, w1, b1, w2, b2, act, self.tp, self.sequence_parallel, self.recompute,
+                    self.fuse_grad_accum, check_backend_name(self.backend),
+                    self.tp_comm_overlap, small)
+
+    def __getstate__(self):
+        # The kept limit holds weak references, which do not pickle; it is worked out again.
+        state = dict(super().__getstate__())
+        state.pop("_small_step_limit", None)
+        return state
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Global (unsharded) weights on every rank; collective over the TP group."""

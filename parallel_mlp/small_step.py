@@ -121,6 +121,29 @@ def applies(rows: int, in_features: int, fc1_rows: int, hidden: int, out_feature
     return step_flop(rows, in_features, fc1_rows, hidden, out_features) < limit
 
 
+def row_limit(in_features: int, fc1_rows: int, hidden: int, out_features: int,
+              **options) -> int:
+    """The fewest rows at which :func:`applies`, given these sizes and options (its keywords),
+    turns the small step down: a step of fewer rows takes it. ``applies`` holds below a FLOP
+    limit that can only fall as rows grow (the lean limit, from one row per input feature, is
+    the lower), so its answer is yes up to some row count and no from there, found here by
+    bisection. A rule that never says no (a test's) gives 2**48."""
+    def says_yes(rows):
+        return applies(rows, in_features, fc1_rows, hidden, out_features, **options)
+
+    if not says_yes(0):
+        return 0
+    yes, no = 0, 1
+    while says_yes(no):
+        if no >= 2 ** 48:
+            return no
+        yes, no = no, 2 * no
+    while no - yes > 1:
+        mid = (yes + no) // 2
+        yes, no = (mid, no) if says_yes(mid) else (yes, mid)
+    return no
+
+
 def splits_the_weight(rows: int, in_features: int) -> bool:
     """Whether a gated small step runs fc1 as two GEMMs on W1's gate and up rows (see
     small_step): once the activation is GATE_GEMMS_MIN_ROWS_PER_FEATURE times fc1's input width."""

@@ -243,6 +243,120 @@ def test_the_small_step_reports_bad_shards_as_the_checks_do(monkeypatch, bad, me
         parallel_mlp_func(x, w1, w2, "swiglu", b1=b1, b2=b2)
 
 
+@pytest.mark.parametrize("gated", [True, False])
+@pytest.mark.parametrize("graphs", [True, False])
+@pytest.mark.parametrize("d", [1024, 2048, 4096, 5120, 8192])
+def test_row_limit_is_where_the_rule_turns(gated, graphs, d):
+    """At every width of the sweep, gated and not, with launch graphs and without: the rule
+    says yes below row_limit and no at it (0 where it never says yes)."""
+    h = (8 * d // 3 + 255) // 256 * 256 if gated else 4 * d
+    for shard in (h, h // 8):
+        sizes = (d, 2 * shard if gated else shard, shard, d)
+        options = dict(OPTIONS, gate_ops=gated, launch_graphs=graphs)
+        limit = small_step.row_limit(*sizes, **options)
+        if limit == 0:
+            assert not small_step.applies(0, *sizes, **options)
+            continue
+        below = [limit - 1, (limit - 1) // 2, max(0, d - 1), 1]
+        assert all(small_step.applies(r, *sizes, **options) for r in below if r < limit)
+        assert not any(small_step.applies(r, *sizes, **options) for r in (limit, 2 * limit))
+    # where the options rule the small step out, at any rows
+    assert small_step.row_limit(*sizes, **dict(options, tp_size=2)) == 0
+
+
+def test_row_limit_of_a_rule_that_always_says_yes_is_unbounded(monkeypatch):
+    monkeypatch.setattr(small_step, "applies", lambda *a, **k: True)
+    assert small_step.row_limit(16, 24, 12, 9) == 2 ** 48
+
+
+def _rule_below(rows_limit, asked):
+    """A small-step rule that says yes below ``rows_limit`` rows on any device, counting calls."""
+    def rule(rows, *sizes, **options):
+        asked.append((rows, options))
+        return rows < rows_limit and options["backend"] == "auto" and options["tp_size"] == 1 \
+            and not options["recompute"] and not options["fuse_grad_accum"]
+    return rule
+
+
+def _took_small_step(y):
+    return not type(y.grad_fn).__name__.startswith("ParallelMLPFunction")
+
+
+def test_the_module_keeps_the_rules_row_limit_for_its_weights_and_options(monkeypatch):
+    """ParallelMLP's forward asks the rule once per set of weights and options (a bisection of
+    the rows), then compares x's rows with the limit it kept: the small step below, the fused
+    function from it, each as the rule says; a new weight, an option or the launch graphs'
+    switch makes it ask again."""
+    from parallel_mlp.launch_graphs import GRAPHS
+
+    asked = []
+    monkeypatch.setattr(small_step, "applies", _rule_below(7, asked))
+    torch.manual_seed(0)
+    mlp = ParallelMLP(16, 12, activation="gelu_tanh_approx")
+    x6, x7 = torch.randn(2, 3, 16), torch.randn(7, 16)
+    assert _took_small_step(mlp(x6)) and not _took_small_step(mlp(x7))
+    first = len(asked)
+    assert first > 0 and all(o["launch_graphs"] == GRAPHS.enabled for _, o in asked)
+    for _ in range(3):
+        assert _took_small_step(mlp(x6)) and not _took_small_step(mlp(x7))
+    assert len(asked) == first  # kept
+    mlp.recompute = True
+    assert not _took_small_step(mlp(x6))
+    mlp.recompute = False
+    assert _took_small_step(mlp(x6))
+    mlp.fc1.weight = torch.nn.Parameter(mlp.fc1.weight.detach().clone())
+    count = len(asked)
+    assert _took_small_step(mlp(x6)) and len(asked) > count  # asked again for the new weight
+    count = len(asked)
+    monkeypatch.setattr(GRAPHS, "enabled", not GRAPHS.enabled)
+    mlp(x6)
+    assert len(asked) > count and asked[-1][1]["launch_graphs"] == GRAPHS.enabled
+    # The values are the fused function's either way.
+    y_small = mlp(x6)
+    monkeypatch.setattr(small_step, "applies", lambda *a, **k: False)
+    mlp.fc2.weight = mlp.fc2.weight  # the same weight: the kept limit still answers
+    torch.testing.assert_close(y_small, ParallelMLP.forward(mlp, x6))
+    fused = parallel_mlp_func(x6, mlp.fc1.weight, mlp.fc2.weight, "gelu_tanh_approx")
+    assert not _took_small_step(fused)
+    torch.testing.assert_close(y_small, fused)
+
+
+def test_the_kept_limit_leaves_the_module_picklable_and_copyable(monkeypatch, tmp_path):
+    import copy
+    import io
+
+    monkeypatch.setattr(small_step, "applies", _rule_below(7, []))
+    mlp = ParallelMLP(16, 12, activation="swiglu")
+    x = torch.randn(3, 16)
+    y = mlp(x)
+    assert "_small_step_limit" in mlp.__dict__
+    buffer = io.BytesIO()
+    torch.save(mlp, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    clone = copy.deepcopy(mlp)
+    for other in (loaded, clone):
+        assert "_small_step_limit" not in other.__dict__
+        z = other(x)
+        assert _took_small_step(z)
+        torch.testing.assert_close(z, y)
+        assert other.__dict__["_small_step_limit"][0]() is other.fc1.weight
+
+
+def test_the_module_asks_the_rule_each_call_where_a_bias_or_the_dtype_needs_the_checks(
+        monkeypatch):
+    """With a bias (or a non-floating x, which the checks refuse first) the kept limit is not
+    used: _run asks the rule with the step's sizes, once per call."""
+    asked = []
+    monkeypatch.setattr(small_step, "applies", _rule_below(7, asked))
+    mlp = ParallelMLP(16, 12, activation="gelu_tanh_approx", bias2=True)
+    for _ in range(2):
+        assert _took_small_step(mlp(torch.randn(6, 16)))
+    assert [rows for rows, _ in asked] == [6, 6]
+    with pytest.raises(TypeError, match="x must be a floating-point tensor"):
+        ParallelMLP(16, 12, activation="gelu_tanh_approx")(torch.ones(6, 16, dtype=torch.long))
+
+
 def test_the_small_step_runs_without_the_checks_when_nothing_fails(monkeypatch):
     from parallel_mlp import layer
 
