@@ -302,6 +302,9 @@ def test_allocator_model_reproduces_the_step_peaks_the_h200_measured(monkeypatch
     for warm in (1, 3):
         assert am.sweep_peak(512, 1024, 2816, True, warm=warm) == (25.0, 25.0)
         assert am.sweep_peak(512, 1024, 2816, True, recompute=True, warm=warm) == (25.0, 25.0)
+    # fc2's fresh weight gradient in fc1's group (one launch group fewer) keeps postact alive
+    # beside dW1 and dx: 2.75 MiB more asked for at T=512 d=1024
+    assert am.sweep_peak(512, 1024, 2816, True, am.StepOrder(dw2_with_dw1=True)) == (27.75, 27.75)
     # the model's own mechanics: a block split only where its remainder is above 1 MiB
     model = am.CachingAllocatorModel()
     model.alloc("a", 5 * am.MIB)

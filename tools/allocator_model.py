@@ -130,11 +130,13 @@ def _merge(first: Block, second: Block) -> Block:
 class StepOrder:
     """The order in which the fused step (default backend, launch groups) makes its tensors:
     the forward's outputs, the backward's dact outputs (the replayed preact comes first in
-    recompute mode), and whether fc2's fresh weight gradient is made before the dact."""
+    recompute mode), and whether fc2's fresh weight gradient is made before the dact, or with
+    fc1's weight gradient and dx in one group (postact then freed after that group)."""
 
     forward: tuple = ("preact", "y", "postact")
     dact: tuple = ("postact", "dpreact")
     dw2_before_dact: bool = False
+    dw2_with_dw1: bool = False
 
 
 LAYER = StepOrder()  # what parallel_mlp/autograd.py makes
@@ -160,8 +162,10 @@ def step_events(tokens: int, d: int, h: int, gated: bool, order: StepOrder, reco
     ev += [("free", "preact")]
     if not order.dw2_before_dact:
         ev += [("alloc", "dW2", size["dW2"])]
-    ev += [("free", "bwd_postact"), ("alloc", "dW1", size["dW1"]), ("alloc", f"dx{x}", size["dx"]),
-           ("free", "dpreact"), ("free", "y")]
+    grads = [("alloc", "dW1", size["dW1"]), ("alloc", f"dx{x}", size["dx"])]
+    postact_freed = [("free", "bwd_postact")]
+    ev += grads + postact_freed if order.dw2_with_dw1 else postact_freed + grads
+    ev += [("free", "dpreact"), ("free", "y")]
     return ev
 
 
@@ -196,6 +200,7 @@ ALTERNATIVES = {
     "forward preact, postact, y": StepOrder(forward=("preact", "postact", "y")),
     "dact dpreact first": StepOrder(dact=("dpreact", "postact")),
     "dW2 made before the dact": StepOrder(dw2_before_dact=True),
+    "dW2 with dW1 and dx": StepOrder(dw2_with_dw1=True),
 }
 
 
