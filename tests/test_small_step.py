@@ -321,6 +321,18 @@ def test_the_module_keeps_the_rules_row_limit_for_its_weights_and_options(monkey
     torch.testing.assert_close(y_small, fused)
 
 
+def test_the_modules_small_step_reports_a_bad_input_as_the_checks_do(monkeypatch):
+    """Through the kept limit the small step runs without the checks first; a wrong width or
+    device still raises the checks' error naming the input and rule."""
+    monkeypatch.setattr(small_step, "applies", _rule_below(10 ** 6, []))
+    mlp = ParallelMLP(16, 12, activation="swiglu")
+    assert _took_small_step(mlp(torch.randn(4, 16)))
+    with pytest.raises(ValueError, match=r"x's last dim must be in_features=16"):
+        mlp(torch.randn(4, 15))
+    with pytest.raises((ValueError, TypeError), match="w1 has dtype torch.float32 but x has"):
+        mlp(torch.randn(4, 16, dtype=torch.float64))
+
+
 def test_the_kept_limit_leaves_the_module_picklable_and_copyable(monkeypatch, tmp_path):
     import copy
     import io
