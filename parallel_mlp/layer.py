@@ -320,9 +320,9 @@ class ParallelMLP(nn.Module):
                 and x.dtype.is_floating_point):
             options = (self.tp.size, self.recompute, self.fuse_grad_accum, act,
                        replays_launches(None, None), "cuda" if x.is_cuda else x.device.type)
-            kept = self.__dict__.get("_small_step_limit")
+            kept = self.__dict__.get("_kept_small_step_limit")
             if kept is None or kept[0]() is not w1 or kept[1]() is not w2 or kept[2] != options:
-                kept = self._small_step_limit = _small_step_limit(w1, w2, options)
+                kept = self._kept_small_step_limit = _small_step_limit(w1, w2, options)
             small = x.numel() < kept[3]
             if small:
                 return _small_step(x, w1, None, w2, None, act, True)
@@ -333,7 +333,7 @@ class ParallelMLP(nn.Module):
     def __getstate__(self):
         # The kept limit holds weak references, which do not pickle; it is worked out again.
         state = dict(super().__getstate__())
-        state.pop("_small_step_limit", None)
+        state.pop("_kept_small_step_limit", None)
         return state
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:

@@ -341,18 +341,18 @@ def test_the_kept_limit_leaves_the_module_picklable_and_copyable(monkeypatch, tm
     mlp = ParallelMLP(16, 12, activation="swiglu")
     x = torch.randn(3, 16)
     y = mlp(x)
-    assert "_small_step_limit" in mlp.__dict__
+    assert "_kept_small_step_limit" in mlp.__dict__
     buffer = io.BytesIO()
     torch.save(mlp, buffer)
     buffer.seek(0)
     loaded = torch.load(buffer, weights_only=False)
     clone = copy.deepcopy(mlp)
     for other in (loaded, clone):
-        assert "_small_step_limit" not in other.__dict__
+        assert "_kept_small_step_limit" not in other.__dict__
         z = other(x)
         assert _took_small_step(z)
         torch.testing.assert_close(z, y)
-        assert other.__dict__["_small_step_limit"][0]() is other.fc1.weight
+        assert other.__dict__["_kept_small_step_limit"][0]() is other.fc1.weight
 
 
 def test_the_module_asks_the_rule_each_call_where_a_bias_or_the_dtype_needs_the_checks(

@@ -116,8 +116,8 @@ def summary(results: dict) -> list[str]:
     for name, _, label in BASELINES:
         pairs = [(x, r["label"]) for r in rows if (x := ours_over(r, name)) is not None]
         lines.append(f"  vs {label:14s} {_spread(pairs) if pairs else '-'}")
-    lines += (noise(rows) + intervals(rows) + ceiling(rows) + small_steps(rows) + backend_choice(rows)
-              + plain_gemm_library(rows) + graphed(rows))
+    lines += (noise(rows) + intervals(rows) + ceiling(rows) + small_steps(rows)
+              + backend_choice(rows) + plain_gemm_library(rows) + graphed(rows))
     rec = [r["recompute_ratio"] for r in rows if r.get("recompute_ratio")]
     if rec:
         lines.append(f"  recompute / default time: geomean {geomean(rec):.3f}, "
