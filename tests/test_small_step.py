@@ -272,7 +272,7 @@ def test_row_limit_of_a_rule_that_always_says_yes_is_unbounded(monkeypatch):
 def _rule_below(rows_limit, asked):
     """A small-step rule that says yes below ``rows_limit`` rows on any device, counting calls."""
     def rule(rows, *sizes, **options):
-        asked.append((rows, options))
+        asked.append((rows, options, sizes))
         return rows < rows_limit and options["backend"] == "auto" and options["tp_size"] == 1 \
             and not options["recompute"] and not options["fuse_grad_accum"]
     return rule
@@ -285,8 +285,8 @@ def _took_small_step(y):
 def test_the_module_keeps_the_rules_row_limit_for_its_weights_and_options(monkeypatch):
     """ParallelMLP's forward asks the rule once per set of weights and options (a bisection of
     the rows), then compares x's rows with the limit it kept: the small step below, the fused
-    function from it, each as the rule says; a new weight, an option or the launch graphs'
-    switch makes it ask again."""
+    function from it, each as the rule says; weights of another shape, an option or the launch
+    graphs' switch make it ask again, new weights of the same shapes do not."""
     from parallel_mlp.launch_graphs import GRAPHS
 
     asked = []
@@ -296,7 +296,7 @@ def test_the_module_keeps_the_rules_row_limit_for_its_weights_and_options(monkey
     x6, x7 = torch.randn(2, 3, 16), torch.randn(7, 16)
     assert _took_small_step(mlp(x6)) and not _took_small_step(mlp(x7))
     first = len(asked)
-    assert first > 0 and all(o["launch_graphs"] == GRAPHS.enabled for _, o in asked)
+    assert first > 0 and all(o["launch_graphs"] == GRAPHS.enabled for _, o, _ in asked)
     for _ in range(3):
         assert _took_small_step(mlp(x6)) and not _took_small_step(mlp(x7))
     assert len(asked) == first  # kept
@@ -304,9 +304,17 @@ def test_the_module_keeps_the_rules_row_limit_for_its_weights_and_options(monkey
     assert not _took_small_step(mlp(x6))
     mlp.recompute = False
     assert _took_small_step(mlp(x6))
-    mlp.fc1.weight = torch.nn.Parameter(mlp.fc1.weight.detach().clone())
+    # A new weight of the same shape (FSDP's views, every step) keeps the limit; a new shape
+    # makes the module ask again.
     count = len(asked)
-    assert _took_small_step(mlp(x6)) and len(asked) > count  # asked again for the new weight
+    mlp.fc1.weight = torch.nn.Parameter(mlp.fc1.weight.detach().clone())
+    assert _took_small_step(mlp(x6)) and len(asked) == count
+    assert mlp.__dict__["_kept_small_step_limit"][0]() is mlp.fc1.weight
+    wider = ParallelMLP(16, 14, activation="gelu_tanh_approx")
+    mlp.fc1.weight, mlp.fc2.weight = wider.fc1.weight, wider.fc2.weight
+    assert _took_small_step(mlp(x6)) and len(asked) > count
+    asked_for = {sizes for _, _, sizes in asked[count:]}
+    assert asked_for == {(16, 14, 14, 16)}
     count = len(asked)
     monkeypatch.setattr(GRAPHS, "enabled", not GRAPHS.enabled)
     mlp(x6)
@@ -364,7 +372,7 @@ def test_the_module_asks_the_rule_each_call_where_a_bias_or_the_dtype_needs_the_
     mlp = ParallelMLP(16, 12, activation="gelu_tanh_approx", bias2=True)
     for _ in range(2):
         assert _took_small_step(mlp(torch.randn(6, 16)))
-    assert [rows for rows, _ in asked] == [6, 6]
+    assert [rows for rows, _, _ in asked] == [6, 6]
     with pytest.raises(TypeError, match="x must be a floating-point tensor"):
         ParallelMLP(16, 12, activation="gelu_tanh_approx")(torch.ones(6, 16, dtype=torch.long))
 
