@@ -225,7 +225,8 @@ def forward_probe(calls: int, shape: tuple[int, int, int, str] = STEP_SHAPE,
         "small step's ops alone: module call": lambda: alone(x),
         "eager: module call": lambda: eager(x),
         "check_shards": lambda: checks.check_shards(x, W1, None, W2, None, a),
-        "small_step.applies, with its arguments": lambda: small_step.applies(
+        # ParallelMLP keeps the rule's row limit; parallel_mlp_func asks it on every call
+        "small_step.applies, as parallel_mlp_func asks it": lambda: small_step.applies(
             x.numel() // x.shape[-1], W1.shape[1], W1.shape[0], W2.shape[1], W2.shape[0],
             device_type=x.device.type, backend="auto", tp_size=tp.size, recompute=False,
             fuse_grad_accum=False, compiling=torch.compiler.is_compiling(),
