@@ -1,12 +1,14 @@
 """The small-step path: when backend='auto' runs a step as plain autograd ops, and that those ops
 compute the MLP (values and every gradient) as the independent reference does."""
 
+import copy
 import dataclasses
 
 import pytest
 import torch
 
 import reference
+from dist_utils import run_distributed
 from parallel_mlp import ACTIVATIONS, ParallelMLP, parallel_mlp_func, small_step
 from parallel_mlp.activations import TORCH_MATH, interleaved_pairs
 
@@ -339,6 +341,39 @@ def test_the_modules_small_step_reports_a_bad_input_as_the_checks_do(monkeypatch
         mlp(torch.randn(4, 15))
     with pytest.raises((ValueError, TypeError), match="w1 has dtype torch.float32 but x has"):
         mlp(torch.randn(4, 16, dtype=torch.float64))
+
+
+def _fsdp2_small_steps(rank, world_size):
+    from torch.distributed.fsdp import fully_shard
+
+    asked = []
+    small_step.applies = _rule_below(64, asked)  # this spawned process's own module
+    # data parallel: each rank's MLP whole (a TP group of one), FSDP2 over the two ranks
+    alone = [torch.distributed.new_group([r]) for r in range(world_size)][rank]
+    torch.manual_seed(0)
+    ref = ParallelMLP(16, 12, activation="gelu_tanh_approx", tp_group=alone)
+    mlp = copy.deepcopy(ref)
+    fully_shard(mlp)
+    x = torch.randn(8, 16)  # the same on every rank
+    counts = []
+    for _ in range(3):
+        y = mlp(x)
+        assert _took_small_step(y)
+        y.sum().backward()
+        counts.append(len(asked))
+    assert counts[0] > 0 and counts == [counts[0]] * 3, counts
+    want = ref(x)
+    want.sum().backward()
+    torch.testing.assert_close(y, want)
+    for p, q in zip(mlp.parameters(), ref.parameters()):  # three steps accumulated
+        torch.testing.assert_close(p.grad.full_tensor(), 3 * q.grad)
+
+
+def test_under_fsdp2_the_module_keeps_one_limit_and_steps_as_unsharded():
+    """fully_shard over two gloo ranks: the unsharded weights FSDP2 puts in place for each
+    forward keep the limit (the rule asked in the first step only), and the small steps' outputs
+    and gradients are those of the same module unsharded."""
+    run_distributed(2, _fsdp2_small_steps)
 
 
 def test_the_kept_limit_leaves_the_module_picklable_and_copyable(monkeypatch, tmp_path):
