@@ -265,10 +265,9 @@ def ratio(base: dict | None, other: dict | None) -> float | None:
         return None
     if "ms" not in base or "ms" not in other:
         return None
-    pairs = list(zip(base.get("holds_ms") or (), other.get("holds_ms") or ()))
-    if (len(pairs) >= 2 and len(base["holds_ms"]) == len(other["holds_ms"])
-            and all(o > 0 for _, o in pairs)):
-        return statistics.median(b / o for b, o in pairs)
+    ratios = _paired_ratios(base, other)
+    if len(ratios) >= 2:
+        return statistics.median(ratios)
     return base["ms"] / other["ms"]
 
 
