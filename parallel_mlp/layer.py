@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -127,28 +128,38 @@ def _weight_and_bias(shard: nn.Module):
     return weight, params["bias"] if "bias" in params else shard.bias
 
 
-def _small_step_limit(w1, w2, options: tuple, kept: tuple | None) -> tuple:
-    """(weak references to w1 and w2, options, the x.numel() below which a step without biases
-    on backend "auto" takes the small step, the weights' shapes): the rule's row limit
-    (small_step.row_limit) times in_features, for ParallelMLP.forward to keep until a weight or
-    an option changes. ``options``: (TP size, recompute, fuse_grad_accum, activation, whether
+class _KeptLimit(NamedTuple):
+    """What ParallelMLP.forward keeps of the small-step rule (see _small_step_limit)."""
+
+    w1: weakref.ref
+    w2: weakref.ref
+    options: tuple
+    numel: int  # x.numel() below which the step takes the small step
+    shapes: tuple
+
+
+def _small_step_limit(w1, w2, options: tuple, kept: _KeptLimit | None) -> _KeptLimit:
+    """The x.numel() below which a step without biases on backend "auto" takes the small step:
+    the rule's row limit (small_step.row_limit) times in_features, with weak references to the
+    weights and the options it was worked out for, for ParallelMLP.forward to keep until a weight
+    or an option changes. ``options``: (TP size, recompute, fuse_grad_accum, activation, whether
     launch groups would replay, x's device type). New weights of the kept ones' shapes (FSDP puts
     new views in place every step) keep the limit, without asking the rule again. A weight whose
     shape changes in place (``w.data = ...``) keeps it too: that only moves a step between two
     paths that compute the same function."""
     shapes = (w1.shape, w2.shape)
-    if kept is not None and kept[2] == options and kept[4] == shapes:
-        return weakref.ref(w1), weakref.ref(w2), options, kept[3], shapes
+    if kept is not None and kept.options == options and kept.shapes == shapes:
+        return _KeptLimit(weakref.ref(w1), weakref.ref(w2), options, kept.numel, shapes)
     tp_size, recompute, fuse_grad_accum, act, launch_graphs, device_type = options
-    limit = 0
+    numel = 0
     if w1.dim() == 2 and w2.dim() == 2:  # else the checks refuse them, in _run
         (fc1_rows, in_features), (out_features, hidden) = shapes
-        limit = in_features * small_step.row_limit(
+        numel = in_features * small_step.row_limit(
             in_features, fc1_rows, hidden, out_features, device_type=device_type,
             backend="auto", tp_size=tp_size, recompute=recompute,
             fuse_grad_accum=fuse_grad_accum, compiling=False, gate_ops=act.gate is not None,
             launch_graphs=launch_graphs)
-    return weakref.ref(w1), weakref.ref(w2), options, limit, shapes
+    return _KeptLimit(weakref.ref(w1), weakref.ref(w2), options, numel, shapes)
 
 
 def default_hidden_features(in_features: int, gated: bool) -> int:
@@ -326,10 +337,11 @@ class ParallelMLP(nn.Module):
             options = (self.tp.size, self.recompute, self.fuse_grad_accum, act,
                        replays_launches(None, None), "cuda" if x.is_cuda else x.device.type)
             kept = self.__dict__.get("_kept_small_step_limit")
-            if kept is None or kept[0]() is not w1 or kept[1]() is not w2 or kept[2] != options:
+            if (kept is None or kept.w1() is not w1 or kept.w2() is not w2
+                    or kept.options != options):
                 kept = _small_step_limit(w1, w2, options, kept)
                 self.__dict__["_kept_small_step_limit"] = kept  # not a parameter or module
-            small = x.numel() < kept[3]
+            small = x.numel() < kept.numel
             if small:
                 return _small_step(x, w1, None, w2, None, act, True)
         return _run(x, w1, b1, w2, b2, act, self.tp, self.sequence_parallel, self.recompute,
