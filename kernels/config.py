@@ -58,7 +58,7 @@ NARROW_TILE_MIN_GAIN = 1.05
 # 128x192: fc2 and dx (K 7168 to 28672) 3-5% faster, dW1 (K 8192) 1.5-3%; at K = 4096 the plain
 # dy@W2 was even and the dact 7% slower (0.845 vs 0.910x cuBLAS).
 COOPERATIVE_MIN_K = 6144
-# ... unless pingpong 128x192 tiles fill the grid's waves enough better. At K = 8192, per output
+# ... unless pingpong 128x192 tiles fill the grid's waves at least as well. At K = 8192, per output
 # element the two run alike, and the persistent grid's quantized waves decide: held 0.5 s x 4 in
 # alternating order on an H200, 2026-12-02 (bench configs --rounds 4 --also
 # consumers=pingpong,tile_n=192), at T=8192 d=8192 gelu h=8192 (8192 x 8192 GEMMs: 16 waves of
@@ -67,12 +67,16 @@ COOPERATIVE_MIN_K = 6144
 # wgrads 0.6-1.9% faster, the same dact config in both columns 0.4% apart; at T=8192 d=4096 h=14336
 # the wgrads (3584 against 3648 columns for dW2, 7168 against 7296 for dW1) ran 1.0-2.5% faster
 # cooperative. The earlier figures behind COOPERATIVE_MIN_K (fc2 and dx at d=4096, 3-5% faster
-# cooperative; 2048 against 2112 columns) fit the same count. Pingpong where its columns of tile
-# time are at least this much fewer; quack's MLP runs pingpong 128x192 at every GEMM. The GEMMs
-# it moves at five more sweep shapes, timed the same way (gpu_run.sh configs_long_k, 2026-12-02):
-# from 0.2% slower (fc2 at T=16384 d=8192) to 2.7% faster (dW2 at d=5120 h=13824); the sweep
-# with the rule read T=8192 d=8192 gelu h=8192 at 0.988x quack, 0.977x without.
-PINGPONG_MIN_WAVE_GAIN = 1.01
+# cooperative; 2048 against 2112 columns) fit the same count. Where the columns tie, pingpong,
+# whose one warpgroup's epilogue runs beside the other's mainloop: fc1 at T=16384 d=8192 swiglu
+# h=11008 (16384 x 22016 x 8192; 84 waves of 256 columns against 112 of 192, 21504 each) ran
+# 8.796 against 9.028 ms with the gated activation (2.6%) and 8.773 against 8.852 plain, held 0.5
+# s x 4 on an H200, 2026-12-04 (`bench configs --T 16384 --d 8192 --h 11008 --act swiglu
+# --rounds 4 --hold-s 0.5 --also consumers=pingpong,tile_n=192`); that step read 0.9925x quack
+# (0.9915-0.9950, six turns) before. quack's MLP runs pingpong 128x192 at every GEMM. The GEMMs
+# the comparison moves at five more sweep shapes, timed the same way (gpu_run.sh configs_long_k,
+# 2026-12-02): from 0.2% slower (fc2 at T=16384 d=8192) to 2.7% faster (dW2 at d=5120 h=13824);
+# the sweep with it read T=8192 d=8192 gelu h=8192 at 0.988x quack, 0.977x without.
 # Below COOPERATIVE_MIN_K, where the big pingpong config falls back to 128x128 tiles (N that 192
 # pads too much, or waves too coarse for 192: NARROW_TILE_MIN_GAIN), cooperative 128x256 tiles
 # in 2x1 clusters read the fewest operand elements per MAC and the pingpong tile has lost its
@@ -368,7 +372,7 @@ def cluster_waves(cfg: GemmConfig, m: int, n: int) -> tuple[int, int, int]:
 
 def wave_columns(cfg: GemmConfig, m: int, n: int) -> int:
     """The persistent grid's time in columns of tile time: its waves of tile clusters, a partial
-    last one counted whole, times the tile's width (PINGPONG_MIN_WAVE_GAIN compares two configs
+    last one counted whole, times the tile's width (default_config compares two configs
     by it)."""
     full, rem, _ = cluster_waves(cfg, m, n)
     return (full + (rem > 0)) * cfg.tile_n
@@ -420,8 +424,8 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
 
     Big GEMMs (``is_big``) with K >= COOPERATIVE_MIN_K (fc2, dx and the wgrads of an MLP at
     T=8192), except the dact: cooperative 128x256, 2x1 cluster, raster group 16, unless it runs
-    whole tiles and pingpong 128x192 fills the grid's waves PINGPONG_MIN_WAVE_GAIN better (e.g.
-    every GEMM of T=8192 d=8192 gelu h=8192).
+    whole tiles and pingpong 128x192 takes no more columns of tile time (``wave_columns``: e.g.
+    every GEMM of T=8192 d=8192 gelu h=8192, and fc1 at T=16384 d=8192 swiglu h=11008).
 
     Other big GEMMs (fc1, dy@W2 and its dact at d=4096): ``big_pingpong_config``, or, where
     that is 128x128 tiles at K >= NARROW_COOPERATIVE_MIN_K, cooperative 128x256 for store and act
@@ -470,8 +474,8 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
         cooperative = with_stream_k(GemmConfig(128, 256, cm, 1, 16, num_sms, l2_prefetch=pf),
                                     m, n, k, kind)
         if k >= COOPERATIVE_MIN_K:
-            if (cooperative.stream_k or pingpong.tile_n != 192 or wave_columns(cooperative, m, n)
-                    < PINGPONG_MIN_WAVE_GAIN * wave_columns(pingpong, m, n)):
+            if (cooperative.stream_k or pingpong.tile_n != 192
+                    or wave_columns(cooperative, m, n) < wave_columns(pingpong, m, n)):
                 return cooperative
         elif (k >= NARROW_COOPERATIVE_MIN_K and kind != "accumulate" and pingpong.tile_n == 128
               and wave_columns(cooperative, m, n) <= wave_columns(pingpong, m, n)):

@@ -506,7 +506,7 @@ def test_dact_in_place_fp16(act):
 BIG_TAILED = (4104, 1000, 4200)  # (M, K, N): 33 x 17 tiles of 128x256 on 132 SMs; M a multiple of 8 (col-major a)
 BIG_LONG_K = (4104, 6200, 4200)  # the same with K past COOPERATIVE_MIN_K
 # K past COOPERATIVE_MIN_K where pingpong 128x192's waves fill the grid better than whole
-# cooperative 128x256 tiles (PINGPONG_MIN_WAVE_GAIN): pingpong at long K, tails in M, N and K
+# cooperative 128x256 tiles (config.default_config): pingpong at long K, tails in M, N and K
 BIG_LONG_K_WAVES = (2568, 6200, 5640)
 # K from NARROW_COOPERATIVE_MIN_K, below COOPERATIVE_MIN_K, where pingpong would take 128x128
 # tiles: cooperative 128x256 for store and act (accumulate keeps pingpong), tails in M, N, K
