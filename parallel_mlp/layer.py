@@ -12,7 +12,7 @@ from torch import nn
 from . import checkpoint
 from . import overlap as overlap_mod
 from .activations import get_activation
-from .autograd import FunctionOptions, ParallelMLPFunction, replays_launches
+from .autograd import FunctionOptions, ParallelMLPFunction, apply_function, replays_launches
 from .backends import check_backend_name
 from .checks import (check_sequence_parallel_input, check_shards, require_divisible,
                      require_positive_int)
@@ -98,7 +98,7 @@ def _apply_function(x, w1, b1, w2, b2, *options):
     options = FunctionOptions(*options)
     if torch.compiler.is_compiling():
         return _run_untraced(x, w1, b1, w2, b2, options)
-    return ParallelMLPFunction.apply(x, w1, b1, w2, b2, options)
+    return apply_function(x, w1, b1, w2, b2, options)
 
 
 # torch.compile of a model around the layer runs the fused function as it is, between compiled

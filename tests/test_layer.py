@@ -207,6 +207,49 @@ def test_double_backward_raises_a_clear_error(recompute):
     assert x.grad is not None
 
 
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_function_applied_directly_is_torchs_apply(bias):
+    """autograd.apply_function calls the C++ apply without torch's Python wrapper: the same
+    outputs, the same gradients bit for bit, the same backward node, as
+    ParallelMLPFunction.apply, with and without biases, whose gradients flow too."""
+    from parallel_mlp.autograd import FunctionOptions, ParallelMLPFunction, apply_function
+    from parallel_mlp.activations import get_activation
+    from parallel_mlp.tp import TPGroup
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 8, dtype=torch.float64)
+    w1, w2 = torch.randn(32, 8, dtype=torch.float64), torch.randn(8, 16, dtype=torch.float64)
+    b1 = torch.randn(32, dtype=torch.float64) if bias else None
+    b2 = torch.randn(8, dtype=torch.float64) if bias else None
+    options = FunctionOptions(get_activation("swiglu"), TPGroup(None, 1, 0), False, False, "torch")
+    results = []
+    for apply in (ParallelMLPFunction.apply, apply_function):
+        leaves = [t.clone().requires_grad_() if t is not None else None for t in (x, w1, b1, w2, b2)]
+        y = apply(*leaves, options)
+        assert type(y.grad_fn).__name__ == "ParallelMLPFunctionBackward"
+        y.square().sum().backward()
+        results.append([y.detach()] + [t.grad for t in leaves if t is not None])
+    for got, want in zip(results[1], results[0]):
+        assert torch.equal(got, want)
+    y, grads = reference.mlp_with_grads(x, w1, w2, "swiglu", b1=b1, b2=b2, dy=2 * results[0][0])
+    wants = [y] + [g for g in (grads[k] for k in ("x", "w1", "b1", "w2", "b2")) if g is not None]
+    for got, want in zip(results[1], wants, strict=True):  # bias gradients sum in fp32
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_under_a_functorch_transform_the_layer_raises_torchs_error():
+    """Under torch.func transforms apply_function takes torch's own apply, which refuses an
+    autograd.Function without setup_context with its error, as before; outside them the layer
+    works again."""
+    torch.manual_seed(0)
+    mlp = ParallelMLP(8, 16, activation="swiglu", dtype=torch.float64)
+    x = torch.randn(5, 8, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="setup_context"):
+        torch.func.grad(lambda x: mlp(x).sum())(x)
+    want = reference.mlp(x, mlp.fc1.weight, mlp.fc2.weight, "swiglu")
+    torch.testing.assert_close(mlp(x), want)
+
+
 def test_backward_drops_preact_before_the_input_grad_gemms(monkeypatch):
     """Memory: the saved pre-activation (the largest tensor the layer keeps) is freed as soon as
     the dact has read it, so it is not alive beside dx and dW1 (eager autograd frees its own
