@@ -1,6 +1,7 @@
 """tools/gpu_run.sh, the one-call GPU check: its step list and its refusal of unknown steps (the
 steps themselves need a GPU)."""
 
+import itertools
 import os
 import re
 import subprocess
@@ -305,6 +306,13 @@ def test_allocator_model_reproduces_the_step_peaks_the_h200_measured(monkeypatch
     # fc2's fresh weight gradient in fc1's group (one launch group fewer) keeps postact alive
     # beside dW1 and dx: 2.75 MiB more asked for at T=512 d=1024
     assert am.sweep_peak(512, 1024, 2816, True, am.StepOrder(dw2_with_dw1=True)) == (27.75, 27.75)
+    # ... and in the dact's group, made while preact is alive, it asks for no more there but
+    # holds 26.0 MiB of blocks or more in each of the six orders of the group's three outputs,
+    # in both forward orders, against the layer's 25.0
+    for forward in (am.LAYER.forward, old_forward):
+        for dact in itertools.permutations(("postact", "dpreact", "dW2")):
+            held, asked = am.sweep_peak(512, 1024, 2816, True, am.StepOrder(forward, dact))
+            assert held >= 26.0 and asked == 25.0, (forward, dact, held, asked)
     # the model's own mechanics: a block split only where its remainder is above 1 MiB
     model = am.CachingAllocatorModel()
     model.alloc("a", 5 * am.MIB)

@@ -130,8 +130,9 @@ def _merge(first: Block, second: Block) -> Block:
 class StepOrder:
     """The order in which the fused step (default backend, launch groups) makes its tensors:
     the forward's outputs, the backward's dact outputs (the replayed preact comes first in
-    recompute mode), and whether fc2's fresh weight gradient is made before the dact, or with
-    fc1's weight gradient and dx in one group (postact then freed after that group)."""
+    recompute mode), and whether fc2's fresh weight gradient is made before the dact (last of
+    the dact's outputs, or where ``dact`` names "dW2": in its group, preact still alive), or
+    with fc1's weight gradient and dx in one group (postact then freed after that group)."""
 
     forward: tuple = ("preact", "y", "postact")
     dact: tuple = ("postact", "dpreact")
@@ -156,11 +157,12 @@ def step_events(tokens: int, d: int, h: int, gated: bool, order: StepOrder, reco
     ev += [("free", "postact")]
     dact = (("preact",) if recompute else ()) + tuple(
         "bwd_postact" if n == "postact" else n for n in order.dact)
-    if order.dw2_before_dact:
+    dw2_in_dact = order.dw2_before_dact or "dW2" in order.dact
+    if order.dw2_before_dact and "dW2" not in order.dact:
         dact += ("dW2",)
     ev += [("alloc", n, size["postact" if n == "bwd_postact" else n]) for n in dact]
     ev += [("free", "preact")]
-    if not order.dw2_before_dact:
+    if not dw2_in_dact:
         ev += [("alloc", "dW2", size["dW2"])]
     grads = [("alloc", "dW1", size["dW1"]), ("alloc", f"dx{x}", size["dx"])]
     postact_freed = [("free", "bwd_postact")]
