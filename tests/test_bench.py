@@ -301,6 +301,28 @@ def test_held_turns_reverse_every_round_so_each_fns_mean_place_is_the_same():
     assert len({sum(p) for p in places.values()}) == 1
 
 
+def test_held_timing_heats_every_fn_untimed_before_the_first_turn():
+    """With ctx.heat_s, every fn runs in turn, untimed, for that long before the first held
+    turn: the turns and what they time are those of a run without it."""
+    from parallel_mlp.bench import harness
+
+    results = {}
+    for heat_s in (0.0, 2 ** -5):
+        clock = FakeClock()
+        ctx = cpu_ctx(iters=3, warmup=1, clock=clock)
+        ctx.hold_s, ctx.rounds, ctx.heat_s = 2 ** -6, 2, heat_s
+        order = []
+        fns = {n: clock.call_taking(2 ** -8, order, n) for n in "ab"}
+        results[heat_s] = harness.time_side_by_side(ctx, fns), order
+    (plain, plain_order), (heated, heated_order) = results[0.0], results[2 ** -5]
+    # warm-up a b, then 2 ** -5 s of a b cycles (2 ** -7 s each: four), then the same turns
+    assert heated_order[:2] == ["a", "b"] and heated_order[2:10] == list("ab") * 4
+    assert heated_order[10:] == plain_order[2:]
+    for n in "ab":
+        assert heated[n]["holds_ms"] == plain[n]["holds_ms"]
+        assert heated[n]["iters"] == plain[n]["iters"]
+
+
 @pytest.mark.parametrize("argv,message", [(["--hold-s", "-1"], "--hold-s -1: must be >= 0"),
                                           (["--rounds", "0"], "--rounds 0: must be >= 1")])
 def test_bad_timing_flags_are_refused(argv, message, capsys):

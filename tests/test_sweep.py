@@ -663,6 +663,7 @@ def test_dry_run_end_to_end(tmp_path):
     assert "quack: skipped: quack-kernels is not installed" in proc.stdout  # the table's header
     data = json.loads(out.read_text())
     assert data["meta"]["mode"] == "sweep" and data["meta"]["dry_run"] is True
+    assert data["meta"]["heat_s"] == sweep.HEAT_S
     if os.path.isdir("/proc/self/task"):  # Linux: the main thread's CPU beside each host probe
         assert set(data["meta"]["host_placement"]) == {"start", "before the shapes",
                                                        "after the last shape"}
@@ -693,3 +694,23 @@ def test_negative_short_turns_are_refused(capsys):
     with pytest.raises(SystemExit) as e:
         sweep.parse_args(["--short-turns-s", "-0.1"])
     assert e.value.code == 2 and "--short-turns-s -0.1: must be >= 0" in capsys.readouterr().err
+
+
+def test_negative_heat_is_refused_and_the_plan_counts_the_heat(capsys):
+    with pytest.raises(SystemExit) as e:
+        sweep.parse_args(["--heat-s", "-1"])
+    assert e.value.code == 2 and "--heat-s -1: must be >= 0" in capsys.readouterr().err
+    names = ["eager", "ours", "ours_recompute"]
+    cold = sweep.apply_defaults(sweep.parse_args(["--estimate", "--heat-s", "0"]))
+    warm = sweep.apply_defaults(sweep.parse_args(["--estimate"]))
+    assert warm.heat_s == sweep.HEAT_S > 0
+    for shape in (GRID[0], next(s for s in GRID if sweep.host_bound(s))):
+        # the heat, plus the steps of its last cycle that run past it
+        extra = sweep.HEAT_S + len(names) * sweep.step_s(shape)
+        assert sweep.shape_s(shape, names, warm) == pytest.approx(
+            sweep.shape_s(shape, names, cold) + extra)
+    # call by call there is no held turn to heat for
+    calls = sweep.apply_defaults(sweep.parse_args(["--estimate", "--hold-s", "0"]))
+    calls_cold = sweep.apply_defaults(sweep.parse_args(["--estimate", "--hold-s", "0",
+                                                        "--heat-s", "0"]))
+    assert sweep.shape_s(GRID[0], names, calls) == sweep.shape_s(GRID[0], names, calls_cold)

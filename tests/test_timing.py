@@ -1,10 +1,10 @@
 """parallel_mlp.bench.timing on the CPU, driven by a fake clock: a hold calls back to back until
 its time is up on that clock (or for its number of calls) and times every call; settled() leaves
-out the start of a hold."""
+out the start of a hold; heat() calls every function in turn until its time is up."""
 
 from fake_clock import FakeClock
 
-from parallel_mlp.bench.timing import HOLD_SETTLE, hold, hold_steps, settled
+from parallel_mlp.bench.timing import HOLD_SETTLE, heat, hold, hold_steps, settled
 
 
 def test_hold_calls_back_to_back_and_times_each_call():
@@ -39,3 +39,15 @@ def test_hold_steps_makes_exactly_its_calls():
     assert seen == [0, 1, 2, 3, 4]
     assert times == [0.0, 0.0, 1000 * 2 ** -9, 0.0, 0.0]
     assert hold_steps(fn, 0, cuda=False, clock=clock) == []
+
+
+def test_heat_calls_every_fn_in_turn_until_its_time_is_up():
+    clock, seen = FakeClock(), []
+    fns = [lambda i, n=n: (seen.append((n, i)), clock.advance(2 ** -7)) for n in "ab"]
+    cycles = heat(fns, 2 ** -5, cuda=False, clock=clock)  # 31.25 ms; a cycle takes 15.625
+    # after two cycles the time is up exactly: no third
+    assert cycles == 2 and seen == [("a", 0), ("b", 0), ("a", 1), ("b", 1)]
+    # the cycle in flight finishes: 40 ms of time, three cycles of 15.625 ms
+    seen.clear()
+    assert heat(fns, 0.040, cuda=False, clock=clock) == 3 and len(seen) == 6
+    assert heat(fns, 0.0, cuda=False, clock=clock) == 0  # none at all

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from ..backends import resolve
-from .timing import Clock, hold, settled, turn_order
+from .timing import Clock, heat, hold, settled, turn_order
 
 _START = time.monotonic()
 
@@ -65,6 +65,7 @@ class Ctx:
     l2_bytes: int = 0
     hold_s: float = 0.0             # > 0: time variants held (time_held), else call by call
     rounds: int = 3                 # held: turns each variant gets
+    heat_s: float = 0.0             # held: untimed calls of every variant in turn first (timing.heat)
     current: str = ""               # the measurement in progress, for the watchdog's report
     # Variants that cannot run here (a missing package, say), by name: their rows say why.
     unavailable: dict[str, str] = field(default_factory=dict)
@@ -164,9 +165,11 @@ def time_side_by_side(ctx: Ctx, fns: dict[str, Callable], n_sets: int = 1) -> di
 
 
 def time_held(ctx: Ctx, fns: dict[str, Callable], n_sets: int = 1) -> dict[str, dict]:
-    """Time each fn held, as training runs it: ctx.warmup untimed calls of each, then ctx.rounds
-    rounds in which each fn in turn runs back to back for ctx.hold_s seconds (input sets cycling;
-    the order reverses every round, timing.turn_order).
+    """Time each fn held, as training runs it: ctx.warmup untimed calls of each, then ctx.heat_s
+    seconds of untimed calls of every fn in turn (timing.heat: the first turns would otherwise
+    meet a card fresh from idle), then ctx.rounds rounds in which each fn in turn runs back to
+    back for ctx.hold_s seconds (input sets cycling; the order reverses every round,
+    timing.turn_order).
     A hold's time is the median of its settled calls (timing.settled); a fn's ``ms`` is
     the median of its holds, ``min_ms`` / ``max_ms`` the extremes of its holds' medians,
     ``holds_ms`` the holds' medians round by round (for :func:`ratio`'s pairing), and ``iters``
@@ -176,6 +179,9 @@ def time_held(ctx: Ctx, fns: dict[str, Callable], n_sets: int = 1) -> dict[str, 
         for fn in fns.values():
             fn(i % n_sets)
     ctx.sync()
+    if ctx.heat_s > 0:
+        heat([lambda i, fn=fn: fn(i % n_sets) for fn in fns.values()], ctx.heat_s, ctx.cuda,
+             ctx.clock)
     holds = {name: [] for name in fns}
     counted = {name: 0 for name in fns}
     names = list(fns)

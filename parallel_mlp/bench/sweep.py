@@ -84,6 +84,10 @@ QUICK_HOLD_S = 0.5       # --quick: shorter turns still, which sample the swing 
 # launches, far from the power cap that the long turns are for. So those steps run in short
 # turns, as many as fill the same time.
 SHORT_TURN_S = 0.05
+# Untimed calls of every variant in turn before a shape's first turn (timing.heat): in two
+# sweeps without them, the first two turns of a shape (1.4 s) ran 2.1% and 1.2% faster than
+# those variants' second turns, the rest even.
+HEAT_S = 1.5
 DEFAULT_BUDGET_S = 500.0  # a device call may run 600 s; leave time for the report and margin
 WATCHDOG_MARGIN_S = 60.0
 # Outputs or gradients further than this from eager's (relative: y, dx, dW1 or dW2) mark the
@@ -97,13 +101,15 @@ ERR_KEYS = ("rel_err_y", "rel_err_dx", "rel_err_dw1", "rel_err_dw2")
 # its first graph of a process pays for inductor's start; later ones took 1.4-1.7 s at the
 # single-GPU bench's shapes (measured 2026-11-30, `python -m parallel_mlp.bench`). quack's
 # compile of its untuned kernels, one child process per activation: 20 s each, side by side
-# (the sweep of 2026-12-02, its JSON's compile_ahead).
+# (the sweep of 2026-12-02, its JSON's compile_ahead). torch.compile's later graphs are counted
+# at the top of the range measured: the sweep of 2bfe98f with --ceiling ran its 30 shapes in
+# 462.5 s against a plan of 571.6 s that counted them at 3.0 s each (H200, 2026-12-04).
 STARTUP_S = 15.0
 POOL_START_S = 10.0
 KERNEL_S = 1.3
 QUACK_WARM_S = 25.0
 FIRST_COMPILE_S = 15.0
-COMPILE_S = 3.0
+COMPILE_S = 1.7
 SHAPE_SETUP_S = 1.0      # weights and inputs drawn, outputs checked
 GRAPH_CAPTURE_S = 1.0    # a graphed variant's three warmup steps and two captures (a guess)
 STEP_RATE = 450e12       # FLOP/s of a step, below every variant's at large shapes
@@ -129,6 +135,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         f"{DEFAULT_HOLD_S:g}, --quick {QUICK_HOLD_S:g}; 0: call by call)")
     p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
                    help="held timing: turns per variant")
+    p.add_argument("--heat-s", type=float, default=HEAT_S,
+                   help="held timing: seconds of untimed calls of every variant in turn before a "
+                        "shape's first turn, so that its first turns do not meet a card fresh "
+                        f"from idle (default {HEAT_S:g}; 0: none)")
     p.add_argument("--short-turns-s", type=float, default=SHORT_TURN_S,
                    help="turn length for host-bound steps (GPU work under "
                         f"{HOST_STEP_S * 1e3:g} ms at {STEP_RATE / 1e12:g} TFLOP/s), as many "
@@ -193,6 +203,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.short_turns_s < 0:
         p.error(f"--short-turns-s {args.short_turns_s:g}: must be >= 0 (0 turns the short "
                 "turns off)")
+    if args.heat_s < 0:
+        p.error(f"--heat-s {args.heat_s:g}: must be >= 0 (0: no untimed calls before the turns)")
     if args.tokens is not None:
         try:
             args.tokens = sorted({int(t) for t in args.tokens.split(",")})
@@ -295,13 +307,15 @@ def turns(shape: Shape, args: argparse.Namespace) -> tuple[float, int]:
 def shape_s(shape: Shape, names, args: argparse.Namespace) -> float:
     """Seconds one shape takes: per variant its untimed calls, first step and two steps of peak
     memory, then its turns (each runs past its time by the steps queued, HOLD_QUEUE) or its
-    timed calls; torch.compile's compile on top."""
+    timed calls; the untimed calls before held turns (--heat-s, its last cycle's steps past
+    it) and torch.compile's compile on top."""
     step = step_s(shape)
     hold_s, rounds = turns(shape, args)
     timed = rounds * (hold_s + HOLD_QUEUE * step) if hold_s > 0 else args.iters * step
     per_variant = (args.warmup + 3) * step + timed
     graphs = GRAPH_CAPTURE_S * sum(name.endswith("_graphed") for name in names)
-    return (SHAPE_SETUP_S + len(names) * per_variant + graphs
+    heated = args.heat_s + len(names) * step if hold_s > 0 and args.heat_s > 0 else 0.0
+    return (SHAPE_SETUP_S + len(names) * per_variant + graphs + heated
             + (COMPILE_S if "compile" in names else 0.0))
 
 
@@ -462,7 +476,8 @@ def run(args: argparse.Namespace) -> dict:
         else torch.device("cpu")
     ctx = Ctx(device=device, dtype=getattr(torch, args.dtype), tokens=0, d_model=0, configs=[],
               iters=args.iters, warmup=args.warmup, backend=args.backend,
-              deadline=float("inf"), hold_s=args.hold_s, rounds=args.rounds, quiet=True)
+              deadline=float("inf"), hold_s=args.hold_s, rounds=args.rounds,
+              heat_s=args.heat_s, quiet=True)
     ctx.l2_bytes = l2_bytes(device)
     torch.manual_seed(0)
     host_us = {"start": host_probe_us(ctx)}
@@ -496,6 +511,7 @@ def run(args: argparse.Namespace) -> dict:
         "mode": "sweep", "autograd_threads": not args.no_autograd_threads,
         "launch_graphs": GRAPHS.enabled, "dtype": args.dtype,
         "hold_s": args.hold_s, "rounds": args.rounds, "short_turns_s": args.short_turns_s,
+        "heat_s": args.heat_s,
         "warmup": args.warmup, "iters": args.iters, "dry_run": args.dry_run,
         "quick": args.quick, "variants": names, "budget_s": args.budget_s, "estimate": plan,
         "backend_note": getattr(args, "backend_note", None),

@@ -51,6 +51,28 @@ def turn_order(n: int, round_index: int) -> list[int]:
     return order if round_index % 2 == 0 else order[::-1]
 
 
+def heat(fns: list[Callable[[int], object]], seconds: float, cuda: bool = True,
+         clock: Clock = time.perf_counter) -> int:
+    """Untimed: call every fn once in turn, ``fn(i)``, i = 0, 1, ... per cycle, until ``seconds``
+    have passed on ``clock`` (the cycle in flight finishes, the GPU waited for after each cycle);
+    returns the cycles run. Before held turns, so that the first turns do not meet a card (and
+    host) fresh from the idle between measurements: in the shape sweep, each variant's first
+    turn of 0.7 s against its second (eager's first turn, then ours', their order reversed in
+    the second round) ran 2.1% faster for the first variant, 1.2-1.3% for the second and 0.0-0.2%
+    from the third on (geometric means over 25 held shapes, two sweeps of the H200, 2026-12-04),
+    which read eager against its own copy 0.988-0.990x (the first round 0.980x, the second
+    1.002x)."""
+    end_at = clock() + seconds
+    cycles = 0
+    while clock() < end_at:
+        for fn in fns:
+            fn(cycles)
+        if cuda:
+            torch.cuda.synchronize()
+        cycles += 1
+    return cycles
+
+
 def hold(fn: Callable[[int], object], seconds: float, cuda: bool = True,
          clock: Clock = time.perf_counter) -> list[float]:
     """Call ``fn(i)``, i = 0, 1, ..., back to back until ``seconds`` have passed on ``clock``
