@@ -506,15 +506,17 @@ class ParallelMLPFunction(torch.autograd.Function):
 # a 2-core VM (timeit, torch 2.13, 2026-12-04): a share of a host-bound step's time. The
 # function has no setup_context, so under a functorch transform torch's apply raises its own
 # error; elsewhere apply_function does what torch's apply does, without the Python between.
+# A torch without one of these parts takes torch's apply every time.
 _C_APPLY = getattr(super(torch.autograd.Function, ParallelMLPFunction), "apply", None)
 _UNWRAP_IF_DEAD = getattr(getattr(torch._C, "_functorch", None), "unwrap_if_dead", None)
-_FUNCTORCH_ACTIVE = getattr(torch._C, "_are_functorch_transforms_active", None)
+_FUNCTORCH_ACTIVE = getattr(torch._C, "_are_functorch_transforms_active", lambda: True)
+_DIRECT = _C_APPLY is not None and _UNWRAP_IF_DEAD is not None
 
 
 def apply_function(x, w1, b1, w2, b2, options: FunctionOptions):
     """``ParallelMLPFunction.apply(x, w1, b1, w2, b2, options)``, calling the C++ apply directly
     where no functorch transform is active (see above); x, w1 and w2 are tensors."""
-    if _C_APPLY is None or _UNWRAP_IF_DEAD is None or _FUNCTORCH_ACTIVE is None or _FUNCTORCH_ACTIVE():
+    if not _DIRECT or _FUNCTORCH_ACTIVE():
         return ParallelMLPFunction.apply(x, w1, b1, w2, b2, options)
     unwrap = _UNWRAP_IF_DEAD
     return _C_APPLY(unwrap(x), unwrap(w1), None if b1 is None else unwrap(b1), unwrap(w2),

@@ -237,6 +237,29 @@ def test_the_function_applied_directly_is_torchs_apply(bias):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
+def test_without_the_c_apply_the_layer_takes_torchs_apply(monkeypatch):
+    """Where torch lacks a part the direct apply needs, apply_function takes torch's apply, with
+    the same values."""
+    from parallel_mlp import autograd
+
+    torch.manual_seed(0)
+    mlp = ParallelMLP(8, 16, activation="swiglu", dtype=torch.float64)
+    x = torch.randn(5, 8, dtype=torch.float64, requires_grad=True)
+    grads = []
+    for direct in (True, False):
+        monkeypatch.setattr(autograd, "_DIRECT", direct)
+        calls = []
+        original = autograd.ParallelMLPFunction.apply
+        monkeypatch.setattr(autograd.ParallelMLPFunction, "apply",
+                            lambda *a: calls.append(1) or original(*a))
+        x.grad = None
+        mlp(x).square().sum().backward()
+        assert calls == ([] if direct else [1])
+        grads.append(x.grad.clone())
+        monkeypatch.undo()
+    assert torch.equal(grads[0], grads[1])
+
+
 def test_under_a_functorch_transform_the_layer_raises_torchs_error():
     """Under torch.func transforms apply_function takes torch's own apply, which refuses an
     autograd.Function without setup_context with its error, as before; outside them the layer
