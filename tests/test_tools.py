@@ -290,12 +290,12 @@ def test_allocator_model_reproduces_the_step_peaks_the_h200_measured(monkeypatch
 
     old_forward = ("preact", "postact", "y")
     cases = [
-        (am.StepOrder(old_forward, ("dpreact", "postact"), True), 512, 1024, 2816, False, 26.75),
+        (am.StepOrder(old_forward, ("dpreact", "postact", "dW2")), 512, 1024, 2816, False, 26.75),
         (am.StepOrder(old_forward, ("dpreact", "postact")), 512, 1024, 2816, False, 26.0),
         (am.StepOrder(old_forward), 512, 1024, 2816, False, 25.0),
         (am.StepOrder(old_forward, ("dpreact", "postact")), 512, 1024, 2816, True, 26.0),
         (am.StepOrder(old_forward), 512, 1024, 2816, True, 25.0),
-        (am.StepOrder(old_forward, ("dpreact", "postact"), True), 512, 8192, 2752, False, 159.44),
+        (am.StepOrder(old_forward, ("dpreact", "postact", "dW2")), 512, 8192, 2752, False, 159.44),
     ]
     for order, tokens, d, h, recompute, measured in cases:
         held, asked = am.sweep_peak(tokens, d, h, True, order, recompute, warm=1)  # as measured

@@ -130,13 +130,12 @@ def _merge(first: Block, second: Block) -> Block:
 class StepOrder:
     """The order in which the fused step (default backend, launch groups) makes its tensors:
     the forward's outputs, the backward's dact outputs (the replayed preact comes first in
-    recompute mode), and whether fc2's fresh weight gradient is made before the dact (last of
-    the dact's outputs, or where ``dact`` names "dW2": in its group, preact still alive), or
-    with fc1's weight gradient and dx in one group (postact then freed after that group)."""
+    recompute mode; "dW2" among them: fc2's fresh weight gradient made in the dact's group,
+    while preact is still alive), and whether that gradient is made with fc1's weight gradient
+    and dx in one group instead (postact then freed after that group)."""
 
     forward: tuple = ("preact", "y", "postact")
     dact: tuple = ("postact", "dpreact")
-    dw2_before_dact: bool = False
     dw2_with_dw1: bool = False
 
 
@@ -157,12 +156,9 @@ def step_events(tokens: int, d: int, h: int, gated: bool, order: StepOrder, reco
     ev += [("free", "postact")]
     dact = (("preact",) if recompute else ()) + tuple(
         "bwd_postact" if n == "postact" else n for n in order.dact)
-    dw2_in_dact = order.dw2_before_dact or "dW2" in order.dact
-    if order.dw2_before_dact and "dW2" not in order.dact:
-        dact += ("dW2",)
     ev += [("alloc", n, size["postact" if n == "bwd_postact" else n]) for n in dact]
     ev += [("free", "preact")]
-    if not dw2_in_dact:
+    if "dW2" not in order.dact:
         ev += [("alloc", "dW2", size["dW2"])]
     grads = [("alloc", "dW1", size["dW1"]), ("alloc", f"dx{x}", size["dx"])]
     postact_freed = [("free", "bwd_postact")]
@@ -201,7 +197,7 @@ ALTERNATIVES = {
     "the layer's": LAYER,
     "forward preact, postact, y": StepOrder(forward=("preact", "postact", "y")),
     "dact dpreact first": StepOrder(dact=("dpreact", "postact")),
-    "dW2 made before the dact": StepOrder(dw2_before_dact=True),
+    "dW2 made before the dact": StepOrder(dact=("postact", "dpreact", "dW2")),
     "dW2 with dW1 and dx": StepOrder(dw2_with_dw1=True),
 }
 

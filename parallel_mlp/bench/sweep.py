@@ -84,9 +84,8 @@ QUICK_HOLD_S = 0.5       # --quick: shorter turns still, which sample the swing 
 # launches, far from the power cap that the long turns are for. So those steps run in short
 # turns, as many as fill the same time.
 SHORT_TURN_S = 0.05
-# Untimed calls of every variant in turn before a shape's first turn (timing.heat): in two
-# sweeps without them, the first two turns of a shape (1.4 s) ran 2.1% and 1.2% faster than
-# those variants' second turns, the rest even.
+# Untimed calls of every variant in turn before a shape's first turn (timing.heat says why):
+# about the first two turns of 0.7 s, the ones that ran fast without them.
 HEAT_S = 1.5
 DEFAULT_BUDGET_S = 500.0  # a device call may run 600 s; leave time for the report and margin
 WATCHDOG_MARGIN_S = 60.0
