@@ -24,7 +24,7 @@ def test_lists_every_step_with_its_command():
     assert r.returncode == 0
     steps = [line.split()[0] for line in r.stdout.splitlines()]
     assert steps == ["tests_kernels", "tests_layer", "tests_defaults", "tests_all", "streamk", "streamk_fill", "configs_small", "configs_wave", "configs_mid", "configs_long_k", "configs_dact", "configs_swap", "configs_ring", "plain_gemms", "plain_gemms_host", "gemm", "mlp", "sweep", "sweep_ceiling", "sweep_plain_launches", "sweep_below_eager", "sweep_small", "sweep_graphed",
-                     "tp", "tp_sp", "profile", "launch_graphs", "memory_trace", "small_step_variants", "timing_spread", "host_step",
+                     "tp", "tp_sp", "profile", "launch_graphs", "memory_trace", "small_step_variants", "host_paths", "timing_spread", "host_step",
                      "host_stages", "host_env", "host_phases", "cold", "clock", "full", "ncu", "ncu_dact", "ncu_smem"]
     # every step the script defines is listed (a step missing from the list still ran, unseen)
     defined = re.findall(r"^  \[(\w+)\]=", SCRIPT.read_text(), flags=re.M)
@@ -156,6 +156,54 @@ def test_small_step_variants_spell_the_same_mlp(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["small_step_variants.py", "--check-only"])
     assert mod.main() == 0
     assert capsys.readouterr().out.count("every spelling's gradients match eager's") == 2
+
+
+def _host_bound_paths():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("host_bound_paths", TOOLS / "host_bound_paths.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+TINY_SHAPES = ["--shape", "8,16,32,swiglu", "--shape", "64,32,48,gelu_tanh_approx"]
+
+
+def test_host_bound_paths_takes_each_path_and_matches_eager(monkeypatch, capsys):
+    """tools/host_bound_paths.py --check-only (CPU, fp32): the fused variant and its torch_apply
+    twin run the fused function, the latter through torch's Function.apply and the former not
+    (where the direct apply is available), the forced small step runs plain ops, and all three
+    give eager's output and gradients."""
+    from parallel_mlp import autograd
+
+    tool = _host_bound_paths()
+    calls = []
+    torch_apply = autograd.ParallelMLPFunction.apply
+    monkeypatch.setattr(autograd.ParallelMLPFunction, "apply",
+                        staticmethod(lambda *args: calls.append(1) or torch_apply(*args)))
+    assert tool.main(["--check-only", *TINY_SHAPES]) == 0
+    out = capsys.readouterr().out
+    assert out.count("every variant agrees with eager") == 2
+    # one torch_apply step per shape; without the direct apply the fused variant's step too
+    assert len(calls) == (2 if autograd._DIRECT else 4)
+
+
+def test_host_bound_paths_refuses_a_small_step_that_was_not_forced(monkeypatch):
+    tool = _host_bound_paths()
+    monkeypatch.setattr(tool, "forced_small_step", lambda model: model)
+    with pytest.raises(SystemExit, match="small took the wrong path"):
+        tool.main(["--check-only", "--shape", "8,16,32,swiglu"])
+
+
+def test_host_bound_paths_refuses_bad_shapes_and_timing_without_a_gpu():
+    r = subprocess.run([sys.executable, str(TOOLS / "host_bound_paths.py"), "--shape", "8,16,swiglu"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--shape takes T,d,h,act" in r.stderr
+    if not torch.cuda.is_available():
+        r = subprocess.run([sys.executable, str(TOOLS / "host_bound_paths.py"), *TINY_SHAPES],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode != 0 and "--check-only runs without one" in r.stderr
 
 
 def test_small_step_variants_refuses_bad_shapes():

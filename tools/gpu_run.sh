@@ -91,6 +91,9 @@
 #     small_step_variants  tools/small_step_variants.py: ways to spell the gated small step in
 #                    autograd ops, held and graphed beside eager, at the sweep's gated small steps
 #                    (~1 min)
+#     host_paths     tools/host_bound_paths.py: at the sweep's gated host-bound steps, ours fused
+#                    through the C++ apply, the same through torch's Function.apply, the small step
+#                    forced, and eager, in 80 paired turns of 0.05 s (~1.5 min)
 #     timing_spread  tools/timing_spread.py: eager against a second copy of itself and ours at three
 #                    host-bound shapes, held in turns of 0.8, 0.2 and 0.05 s for the same time,
 #                    three repeats (~2.5 min)
@@ -155,6 +158,7 @@ declare -A CMD=(
   [launch_graphs]="timeout 150 python3 tools/pytest_shards.py 12 -m gpu tests/test_layer_gpu.py -k launch_graphs; timeout 200 python3 tools/launch_graphs_ab.py"
   [memory_trace]="timeout 120 python3 tools/step_memory_trace.py; timeout 120 python3 tools/step_memory_trace.py --recompute; timeout 120 python3 tools/step_memory_trace.py --shape 512,8192,2752,swiglu"
   [small_step_variants]="timeout 260 python3 tools/small_step_variants.py"
+  [host_paths]="timeout 300 python3 tools/host_bound_paths.py"
   [timing_spread]="timeout 240 python3 tools/timing_spread.py"
   [host_step]="for s in 512,1024,2816,swiglu 512,1024,512,gelu_tanh_approx 4096,1024,4096,gelu_tanh_approx 512,8192,2752,swiglu; do timeout 150 $BENCH host --step --calls 200 --shape \$s; done"
   [host_phases]="for s in 512,1024,2816,swiglu 4096,1024,4096,gelu_tanh_approx; do timeout 150 $BENCH host --step --phases --calls 100 --shape \$s; done"
@@ -167,7 +171,7 @@ declare -A CMD=(
   [ncu_smem]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 6 --launch-count 6 --metrics l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum,smsp__inst_executed_op_shared_ld.sum,smsp__inst_executed_op_shared_st.sum,smsp__inst_executed_op_global_ld.sum,smsp__average_warp_latency_issue_stalled_long_scoreboard.ratio,smsp__average_warp_latency_issue_stalled_barrier.ratio,smsp__average_warp_latency_issue_stalled_wait.ratio $BENCH ncu-cases --short-k-dact"
   [ncu_dact]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 6 --launch-count 6 --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section Occupancy --section ComputeWorkloadAnalysis --section InstructionStats $BENCH ncu-cases --short-k-dact"
 )
-ORDER=(tests_kernels tests_layer tests_defaults tests_all streamk streamk_fill configs_small configs_wave configs_mid configs_long_k configs_dact configs_swap configs_ring plain_gemms plain_gemms_host gemm mlp sweep sweep_ceiling sweep_plain_launches sweep_below_eager sweep_small sweep_graphed tp tp_sp profile launch_graphs memory_trace small_step_variants timing_spread host_step host_stages host_env host_phases cold clock full ncu ncu_dact ncu_smem)
+ORDER=(tests_kernels tests_layer tests_defaults tests_all streamk streamk_fill configs_small configs_wave configs_mid configs_long_k configs_dact configs_swap configs_ring plain_gemms plain_gemms_host gemm mlp sweep sweep_ceiling sweep_plain_launches sweep_below_eager sweep_small sweep_graphed tp tp_sp profile launch_graphs memory_trace small_step_variants host_paths timing_spread host_step host_stages host_env host_phases cold clock full ncu ncu_dact ncu_smem)
 
 steps=("$@")
 if [ ${#steps[@]} -eq 0 ]; then
