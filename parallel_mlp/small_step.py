@@ -52,7 +52,10 @@ gated small steps the fused kernels ran faster than the small step, T=512 d=1024
 against 0.737 ms and T=512 d=8192 h=2752 0.606 against 0.669 (eager 0.681 and 0.576), while the
 non-gated small steps stayed faster as plain ops (T=512 d=1024 h=512 0.301 against 0.450 ms,
 T=4096 d=1024 h=4096 0.369 against 0.473, and ties at 825 GFLOP and above) (`bench sweep
---launch-graphs`, H200, 2026-12-03, a slow host: a tiny eager step's host time 636 µs).
+--launch-graphs`, H200, 2026-12-03, a slow host: a tiny eager step's host time 636 µs). In 80
+paired turns of 0.05 s (`tools/host_bound_paths.py`, H200, 2026-12-04) the small step, forced,
+took 1.05x, 1.05x and 1.25x the fused step's time at T=512 d=1024, T=512 d=8192 and T=2048
+d=2048 swiglu.
 
 Only where nothing else is asked of the fused path: one rank (no collective to run or hide),
 default memory mode (``recompute=True`` promises to keep x alone), no fused gradient
