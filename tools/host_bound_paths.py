@@ -20,7 +20,7 @@ Each turn runs one variant back to back for ``--turn-s`` and counts its steps be
 device synchronizations (host-bound steps: the host's time per step); the variants take turns in
 an order reversed every round (``bench.timing.turn_order``) after ``--heat-s`` of untimed calls
 (``bench.timing.heat``). Short turns, many rounds, because the host's speed wanders over
-seconds (README, "How it times"). Prints ms per step and the paired ratios (the median over
+seconds (`docs/speed.md`, "How it times"). Prints ms per step and the paired ratios (the median over
 rounds of one turn's time over the other's, with its 95% interval,
 ``bench.harness.ratio_interval``). Every variant's output and gradients are checked against
 eager's first.
