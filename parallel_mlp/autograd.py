@@ -102,6 +102,17 @@ def _cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     return t if t is None or t.dtype is dtype else t.to(dtype)
 
 
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """t as a matrix of rows: itself where it is one already (a view costs a dispatch, a share
+    of a small step's host time)."""
+    return t if t.dim() == 2 else t.reshape(-1, t.shape[-1])
+
+
+def _shaped(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """t viewed as ``shape``: itself where it has that shape already."""
+    return t if t.shape == shape else t.view(shape)
+
+
 def _bias_grad(grad_out: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     return grad_out.sum(0, dtype=torch.float32).to(bias.dtype)
 
@@ -170,23 +181,27 @@ def _site(phase: str, ops, x2d, *more) -> tuple:
     return (phase, ops, index, ops._ops()._stream_handle(index)) + more
 
 
-def _forward_in_groups(site, ops, x2d, w1c, w2c, act: Activation, store_preact: bool):
+def _forward_in_groups(site, ops, x2d, w1c, w2c, act: Activation, store_preact: bool,
+                       lead: torch.Size):
     """(preact or None, y) of fc1 and fc2 as one launch group, their outputs made first
-    (``site``: the forward's, from _site). y is made before postact, which the forward frees:
-    at the sweep's shapes the caching allocator's blocks then hold no more than the other way
-    round, and less at T=512 d=8192 and T=2048 d=2048 swiglu (tools/allocator_model.py)."""
+    (``site``: the forward's, from _site); y of shape ``lead`` + (fc2's rows,), x's leading dims,
+    so that the function returns it as made: an output that is a view costs the C++ apply its
+    view bookkeeping. y is made before postact, which the forward frees: at the sweep's shapes
+    the caching allocator's blocks then hold no more than the other way round, and less at T=512
+    d=8192 and T=2048 d=2048 swiglu (tools/allocator_model.py)."""
     rows, features = x2d.shape[0], w1c.shape[0]
     preact = x2d.new_empty(rows, features) if store_preact else None
-    y = x2d.new_empty(rows, w2c.shape[0])
+    y = x2d.new_empty(*lead, w2c.shape[0])
+    y2d = y if y.dim() == 2 else y.view(rows, w2c.shape[0])
     postact = x2d.new_empty(rows, features // 2 if act.gated else features)
-    w1t, w2t = w1c.t(), w2c.t()
+    w2t = w2c.t()
 
-    def launches():
-        ops.gemm_act(x2d, w1t, act.name, store_preact=store_preact, out_preact=preact,
+    def launches():  # not called where the group replays: W1's view is made only when it runs
+        ops.gemm_act(x2d, w1c.t(), act.name, store_preact=store_preact, out_preact=preact,
                      out_postact=postact)
-        ops.gemm(postact, w2t, out=y)
+        ops.gemm(postact, w2t, out=y2d)
 
-    if ops.on_cublas(postact, w2t, y):  # cuBLAS's bits under capture are cuBLAS's to choose
+    if ops.on_cublas(postact, w2t, y2d):  # cuBLAS's bits under capture are cuBLAS's to choose
         launches()
         return preact, y
     GRAPHS.run(site, (site, tensor_key(x2d), tensor_key(w1c), tensor_key(w2c),
@@ -341,7 +356,7 @@ class ParallelMLPFunction(torch.autograd.Function):
         overlap = comm_overlap and tp.size > 1
         # Autocast is resolved here once; the ops below must see exactly the dtypes chosen.
         with _autocast_off(x.device.type):
-            x2d = _cast(x.reshape(-1, x.shape[-1]), dtype)
+            x2d = _cast(_rows(x), dtype)
             w1c, b1c = _cast(w1, dtype), _cast(b1, dtype)
             w2c, b2c = _cast(w2, dtype), _cast(b2, dtype)
             # Every GEMM operand of both passes is one of these, or a tensor with their row widths
@@ -353,7 +368,8 @@ class ParallelMLPFunction(torch.autograd.Function):
                 site = _site("forward", ops, x2d, act.name, not recompute)
                 groups = not GRAPHS.site_off(site)
             if groups:
-                preact, y = _forward_in_groups(site, ops, x2d, w1c, w2c, act, not recompute)
+                preact, y = _forward_in_groups(site, ops, x2d, w1c, w2c, act, not recompute,
+                                               x.shape[:-1])
             else:
                 preact, postact = _fc1(ops, x2d, w1c, b1c, act, not recompute, tp, sp, overlap)
                 y = _fc2(ops, postact, w2c, tp, sp, overlap)
@@ -375,7 +391,9 @@ class ParallelMLPFunction(torch.autograd.Function):
         # costs the host a dictionary store.
         ctx.state = ((w1, w2), (b1, b2), (x.shape, x.dtype), act, tp, sp, overlap,
                      fuse_grad_accum, backend, ops, groups)
-        return y.view(*x.shape[:-1], y.shape[-1])
+        # A view returned costs the C++ apply its view bookkeeping: y is returned as made where
+        # it has x's leading dims (always in launch groups, and for a 2-D x).
+        return y if y.dim() == x.dim() else y.view(*x.shape[:-1], y.shape[-1])
 
     @staticmethod
     @_not_differentiable
@@ -389,7 +407,7 @@ class ParallelMLPFunction(torch.autograd.Function):
          forward_groups) = ctx.state
         need_x, need_w1, need_b1, need_w2, need_b2 = ctx.needs_input_grad[:5]
 
-        dy2d = _cast(dy.reshape(-1, dy.shape[-1]), x2d.dtype)
+        dy2d = _cast(_rows(dy), x2d.dtype)
         # Every other operand is forward's or has its row widths, and forward's choice covered
         # them: only dy is new to the CuTe path's checks.
         ops = forward_ops
@@ -407,7 +425,7 @@ class ParallelMLPFunction(torch.autograd.Function):
                 site, ops, backend, fuse, dy2d, x2d, w1c, w2c, held, act, (w1, w2),
                 need_x, need_w1, need_w2)
             if grad_x is not None:
-                grad_x = _cast(grad_x.view(x_shape), x_dtype)
+                grad_x = _cast(_shaped(grad_x, x_shape), x_dtype)
             return grad_x, grad_w1, None, grad_w2, None, None
         rows = tp.size * x2d.shape[0] if sp else x2d.shape[0]
 
@@ -496,7 +514,7 @@ class ParallelMLPFunction(torch.autograd.Function):
             x_pending.wait()  # recompute without dW1 gathered x but never waited on it here
         grad_x = None
         if dx_pending is not None:
-            grad_x = _cast(dx_pending.wait().view(x_shape), x_dtype)
+            grad_x = _cast(_shaped(dx_pending.wait(), x_shape), x_dtype)
         return grad_x, grad_w1, grad_b1, grad_w2, grad_b2, None
 
 

@@ -364,7 +364,7 @@ def test_a_key_tells_apart_what_the_launches_read(monkeypatch):
     def forward_key(x_in, w1_in=w1):
         before = len(keys)
         site = autograd._site("forward", ops, x_in, act.name, True)
-        autograd._forward_in_groups(site, ops, x_in, w1_in, w2, act, True)
+        autograd._forward_in_groups(site, ops, x_in, w1_in, w2, act, True, x_in.shape[:-1])
         return keys[before]
 
     # (site, x, W1, W2): the outputs' addresses follow, and on the CPU they need not repeat
@@ -531,3 +531,24 @@ def test_a_failed_capture_takes_down_its_pool_routing(monkeypatch):
     monkeypatch.setattr(torch._C, "_cuda_endAllocateToPool", not_routing)
     launch_graphs._release_pool(0, (0, 7))
     assert calls == []
+
+
+@pytest.mark.parametrize("shape", [(96, 64), (24, 4, 64), (64,)])
+def test_the_fused_function_returns_its_output_as_made_in_xs_shape(shape):
+    """Through launch groups (the kernels stubbed, on the CPU) the function's output has x's
+    leading dims and is the tensor the group wrote, not a view of it: a view returned costs the
+    C++ apply its view bookkeeping (about 5 µs a call on a 2-core VM), and an in-place op on the
+    output then works as on any tensor autograd made; dx comes back in x's shape."""
+    from parallel_mlp.bench import host_stub
+    from parallel_mlp.layer import ParallelMLP
+
+    with host_stub.stubbed_kernels(), host_stub.launch_groups(replayed=False) as graphs:
+        mlp = ParallelMLP(64, 96, activation="swiglu", backend="cute", dtype=torch.bfloat16)
+        x = torch.randn(*shape, dtype=torch.bfloat16, requires_grad=True)
+        y = mlp(x)
+        assert y.shape == (*shape[:-1], 64) and not y._is_view()
+        assert type(y.grad_fn).__name__.startswith("ParallelMLPFunction")
+        y.mul_(2)  # in place on the function's output
+        y.backward(torch.ones_like(y))
+        assert graphs.stats["plain"] == 4  # the forward's group and the backward's three ran
+    assert x.grad.shape == x.shape

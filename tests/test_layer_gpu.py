@@ -521,3 +521,36 @@ def test_launch_graphs_replay_the_launches_bits(tokens, d, h, activation, backen
         assert torch.equal(a, b), f"{name} replayed from graphs differs from the plain launches"
         assert torch.equal(c, b), f"{name} replayed under the caller's pool differs"
     assert on_peak <= off_peak, f"graphs: step peak {on_peak / 2**20:.1f} MiB, plain {off_peak / 2**20:.1f}"
+
+
+@pytest.mark.parametrize("mode", ["default", "recompute"])
+def test_a_3d_input_gives_the_2d_inputs_bits_through_launch_groups(mode):
+    """x of shape [s, b, d] (Megatron's and Nanotron's layout) through the fused function's launch
+    groups, replayed after the first steps: y (made in x's shape, not a view), dx and both weight
+    gradients equal those of the same rows given as [s * b, d], bit for bit."""
+    needs_cute()
+    from parallel_mlp.launch_graphs import GRAPHS
+
+    s, b, d, h = 250, 4, 1024, 2816
+    torch.manual_seed(3)
+    mlp = ParallelMLP(d, h, activation="swiglu", recompute=mode == "recompute", backend="cute",
+                      device="cuda", dtype=torch.bfloat16)
+    g = torch.Generator(device="cuda").manual_seed(4)
+    x = torch.randn(s, b, d, device="cuda", generator=g).bfloat16()
+    dy = torch.randn(s, b, d, device="cuda", generator=g).bfloat16()
+
+    def step(x_in, dy_in):
+        for _ in range(4):  # plain, captured, then replayed
+            mlp.zero_grad(set_to_none=True)
+            x_in = x_in.detach().requires_grad_()
+            y = mlp(x_in)
+            y.backward(dy_in)
+        return y.detach(), x_in.grad, mlp.fc1.weight.grad, mlp.fc2.weight.grad, y._is_view()
+
+    replays = GRAPHS.stats["replays"]
+    y3, dx3, dw1_3, dw2_3, is_view = step(x, dy)
+    assert GRAPHS.stats["replays"] > replays and not is_view
+    y2, dx2, dw1_2, dw2_2, _ = step(x.view(s * b, d), dy.view(s * b, d))
+    assert y3.shape == (s, b, d) and dx3.shape == (s, b, d)
+    assert torch.equal(y3.view(s * b, d), y2) and torch.equal(dx3.view(s * b, d), dx2)
+    assert torch.equal(dw1_3, dw1_2) and torch.equal(dw2_3, dw2_2)
