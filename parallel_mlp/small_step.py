@@ -55,7 +55,8 @@ T=4096 d=1024 h=4096 0.369 against 0.473, and ties at 825 GFLOP and above) (`ben
 --launch-graphs`, H200, 2026-12-03, a slow host: a tiny eager step's host time 636 µs). In 80
 paired turns of 0.05 s (`tools/host_bound_paths.py`, H200, 2026-12-04) the small step, forced,
 took 1.05x, 1.05x and 1.25x the fused step's time at T=512 d=1024, T=512 d=8192 and T=2048
-d=2048 swiglu.
+d=2048 swiglu, and 1.14x, 1.16x and 1.43x once the fused function returned its output as made
+(autograd.py).
 
 Only where nothing else is asked of the fused path: one rank (no collective to run or hide),
 default memory mode (``recompute=True`` promises to keep x alone), no fused gradient
