@@ -391,8 +391,7 @@ class ParallelMLPFunction(torch.autograd.Function):
         # costs the host a dictionary store.
         ctx.state = ((w1, w2), (b1, b2), (x.shape, x.dtype), act, tp, sp, overlap,
                      fuse_grad_accum, backend, ops, groups)
-        # A view returned costs the C++ apply its view bookkeeping: y is returned as made where
-        # it has x's leading dims (always in launch groups, and for a 2-D x).
+        # As made where it has x's leading dims (launch groups, a 2-D x): see _forward_in_groups.
         return y if y.dim() == x.dim() else y.view(*x.shape[:-1], y.shape[-1])
 
     @staticmethod
