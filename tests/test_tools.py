@@ -24,7 +24,7 @@ def test_lists_every_step_with_its_command():
     assert r.returncode == 0
     steps = [line.split()[0] for line in r.stdout.splitlines()]
     assert steps == ["tests_kernels", "tests_layer", "tests_defaults", "tests_all", "streamk", "streamk_fill", "configs_small", "configs_wave", "configs_mid", "configs_long_k", "configs_dact", "configs_swap", "configs_ring", "plain_gemms", "plain_gemms_host", "gemm", "mlp", "sweep", "sweep_ceiling", "sweep_plain_launches", "sweep_below_eager", "sweep_small", "sweep_graphed",
-                     "tp", "tp_sp", "profile", "launch_graphs", "memory_trace", "small_step_variants", "host_paths", "timing_spread", "host_step",
+                     "tp", "tp_sp", "profile", "launch_graphs", "launch_keys", "memory_trace", "small_step_variants", "host_paths", "timing_spread", "host_step",
                      "host_stages", "host_env", "host_phases", "cold", "clock", "full", "ncu", "ncu_dact", "ncu_smem"]
     # every step the script defines is listed (a step missing from the list still ran, unseen)
     defined = re.findall(r"^  \[(\w+)\]=", SCRIPT.read_text(), flags=re.M)
@@ -373,3 +373,53 @@ def test_allocator_model_reproduces_the_step_peaks_the_h200_measured(monkeypatch
     assert am.main([]) == 0
     out = capsys.readouterr().out
     assert out.count("T=") == 60 and "recompute mode" in out
+
+
+def _tool(name):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")
+@pytest.mark.parametrize("name", ["launch_key_churn", "fused_step_probe"])
+def test_launch_key_tools_need_a_gpu_and_refuse_bad_shapes(name, capsys):
+    tool = _tool(name)
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        tool.main(["--shape", "512,1024,512,gelu_tanh_approx"])
+    with pytest.raises(SystemExit):
+        tool.main(["--shape", "512,1024,swiglu"])
+    assert "--shape must be T,d,h,activation" in capsys.readouterr().err
+
+
+def test_launch_key_churn_needs_a_window_of_steps(capsys):
+    with pytest.raises(SystemExit):
+        _tool("launch_key_churn").main(["--steps", "99"])
+    assert "--steps 99: must be at least 100" in capsys.readouterr().err
+
+
+def test_launch_key_churn_records_what_each_group_call_did():
+    """The recorder sorts each call of a real LaunchGraphs (stand-in capture and replay) into
+    plain run, capture or replay, as its stats count them, and times each capture."""
+    from parallel_mlp.launch_graphs import LaunchGraphs
+
+    churn = _tool("launch_key_churn")
+    ran = []
+    graphs = LaunchGraphs(capture=lambda launches, device: object(),
+                          replay=lambda graph, launches: ran.append("replayed"),
+                          capturing=lambda: False)
+    graphs.enabled = True
+    recorder = churn.Recorder(graphs, profile=False)
+    site = ("dact", "ops")
+    for key in ["a", "a", "a", "b", "a", "b"]:
+        graphs.run(site, (site, key), lambda: ran.append("launched"), torch.device("cpu"))
+    kinds = [kind for _, _, kind in recorder.log]
+    assert kinds == ["plain", "captures", "replays", "plain", "replays", "captures"]
+    assert churn.window_counts(recorder.log) == "2/2/2"
+    assert len(recorder.capture_s) == 2
+    assert ran == ["launched", "replayed", "replayed", "launched", "replayed", "replayed"]
+    assert churn.differing_fields((site, "x", 1, 2), (site, "x", 1, 3)) == [3]
+    assert churn.differing_fields((site, "x", 1), (site, "x", 1)) == []
