@@ -569,3 +569,22 @@ def test_the_fused_variant_runs_the_fused_function_where_auto_would_take_the_sma
     assert type(y_fused.grad_fn).__name__.startswith("ParallelMLPFunction")
     assert not type(y_small.grad_fn).__name__.startswith("ParallelMLPFunction")
     torch.testing.assert_close(y_fused, y_small)
+
+
+@pytest.mark.parametrize("act", ["swiglu", "gelu_tanh_approx"])
+def test_fused_and_eager_hold_one_function_and_the_sweeps_input_sets(act):
+    """The launch-group probes' models compute the same MLP (the gated weight's layouts told
+    apart by chunked_w1), and recompute_too adds the sweep's other two variants."""
+    from parallel_mlp.bench.models import FusedParallelMLP, fused_and_eager
+
+    models, inputs = fused_and_eager((6, 8, 4, act), input_sets=3, device="cpu",
+                                     dtype=torch.float32)
+    assert list(models) == ["ours", "eager"] and isinstance(models["ours"], FusedParallelMLP)
+    assert len(inputs) == 3 and all(x.requires_grad and x.shape == dy.shape == (6, 8)
+                                    for x, dy in inputs)
+    x = inputs[1][0]
+    torch.testing.assert_close(models["ours"](x), models["eager"](x), rtol=1e-5, atol=1e-5)
+    more, _ = fused_and_eager((6, 8, 4, act), recompute_too=True, device="cpu",
+                              dtype=torch.float32)
+    assert list(more) == ["ours", "eager", "ours recompute", "eager copy"]
+    assert more["ours recompute"].recompute

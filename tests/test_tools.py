@@ -420,6 +420,33 @@ def test_launch_key_churn_records_what_each_group_call_did():
     assert kinds == ["plain", "captures", "replays", "plain", "replays", "captures"]
     assert churn.window_counts(recorder.log) == "2/2/2"
     assert len(recorder.capture_s) == 2
+    recorder.close()
+    assert graphs.run.__self__ is graphs
     assert ran == ["launched", "replayed", "replayed", "launched", "replayed", "replayed"]
     assert churn.differing_fields((site, "x", 1, 2), (site, "x", 1, 3)) == [3]
     assert churn.differing_fields((site, "x", 1), (site, "x", 1)) == []
+
+
+def test_launch_key_churn_runs_its_three_settings(monkeypatch, capsys):
+    """The whole tool on tiny CPU models (CUDA's calls stubbed): each setting reports its
+    windows (the CPU runs no launch groups, so each window counts none)."""
+    from parallel_mlp.bench import models
+
+    churn = _tool("launch_key_churn")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a: 0)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: 0)
+    monkeypatch.setattr(churn, "fused_and_eager", lambda shape, **kw: models.fused_and_eager(
+        shape, device="cpu", dtype=torch.float32, **kw))
+    monkeypatch.setattr(churn, "ROUNDS", 2)
+    monkeypatch.setattr(churn, "STEPS_PER_TURN", 3)
+    from parallel_mlp.launch_graphs import GRAPHS
+
+    run = GRAPHS.run
+    assert churn.main(["--shape", "4,8,4,swiglu", "--steps", "200"]) == 0
+    assert GRAPHS.run == run  # given back
+    out = capsys.readouterr().out
+    assert "4,8,4,swiglu alone: captures/plain/replays per 100 steps of ours: 0/0/0 0/0/0;" in out
+    assert "4,8,4,swiglu turns with eager:" in out
+    assert "4,8,4,swiglu rounds: captures/plain/replays per round: 0/0/0 0/0/0;" in out

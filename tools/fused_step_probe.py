@@ -21,6 +21,7 @@ import time
 import torch
 
 from parallel_mlp.bench.host_overhead import parse_shape
+from parallel_mlp.bench.models import fused_and_eager
 
 SHAPES = [(512, 1024, 512, "gelu_tanh_approx"), (512, 1024, 2816, "swiglu"),
           (4096, 1024, 4096, "gelu_tanh_approx")]
@@ -28,22 +29,10 @@ INPUT_SETS = 4
 
 
 def probe(shape) -> None:
-    from parallel_mlp.activations import get_activation
-    from parallel_mlp.bench.models import (EagerMLP, FusedParallelMLP, build_parallel_mlp,
-                                           chunked_w1)
     from parallel_mlp.launch_graphs import GRAPHS
 
-    T, d, h, act = shape
-    gated = get_activation(act).gated
-    g = torch.Generator(device="cuda").manual_seed(0)
-
-    def rand(*size, scale=1.0):
-        return (torch.randn(*size, device="cuda", generator=g) * scale).to(torch.bfloat16)
-
-    w1, w2 = rand((2 if gated else 1) * h, d, scale=d ** -0.5), rand(d, h, scale=h ** -0.5)
-    inputs = [(rand(T, d).requires_grad_(True), rand(T, d)) for _ in range(INPUT_SETS)]
-    models = {"fused": build_parallel_mlp(w1, w2, act, h, cls=FusedParallelMLP, backend="auto"),
-              "eager": EagerMLP(chunked_w1(w1, gated), w2.clone(), act)}
+    models, inputs = fused_and_eager(shape, INPUT_SETS)
+    models = {"fused": models["ours"], "eager": models["eager"]}
     label = ",".join(map(str, shape))
     for name, model in models.items():
         params = list(model.parameters())

@@ -31,6 +31,7 @@ import time
 import torch
 
 from parallel_mlp.bench.host_overhead import parse_shape
+from parallel_mlp.bench.models import fused_and_eager
 
 KINDS = ("captures", "plain", "replays")
 ROUNDS = 12
@@ -62,6 +63,10 @@ class Recorder:
         self._run, self._capture = graphs.run, graphs._capture
         graphs.run, graphs._capture = self.run, self.capture
 
+    def close(self) -> None:
+        """Give GRAPHS its own run and capture back."""
+        self.graphs.run, self.graphs._capture = self._run, self._capture
+
     def capture(self, launches, device):
         t0 = time.perf_counter()
         if self.profiler is not None:
@@ -79,29 +84,6 @@ class Recorder:
         after = self.graphs.stats
         kind = next((k for k in KINDS[:2] if after.get(k, 0) != before.get(k, 0)), "replays")
         self.log.append((site, key, kind))
-
-
-def _models(shape, recompute_too: bool):
-    from parallel_mlp.activations import get_activation
-    from parallel_mlp.bench.models import (EagerMLP, FusedParallelMLP, build_parallel_mlp,
-                                           chunked_w1)
-
-    T, d, h, act = shape
-    gated = get_activation(act).gated
-    g = torch.Generator(device="cuda").manual_seed(0)
-
-    def rand(*size, scale=1.0):
-        return (torch.randn(*size, device="cuda", generator=g) * scale).to(torch.bfloat16)
-
-    w1, w2 = rand((2 if gated else 1) * h, d, scale=d ** -0.5), rand(d, h, scale=h ** -0.5)
-    models = {"ours": build_parallel_mlp(w1, w2, act, h, cls=FusedParallelMLP, backend="auto"),
-              "eager": EagerMLP(chunked_w1(w1, gated), w2.clone(), act)}
-    if recompute_too:
-        models["ours recompute"] = build_parallel_mlp(w1, w2, act, h, cls=FusedParallelMLP,
-                                                      backend="auto", recompute=True)
-        models["eager copy"] = EagerMLP(chunked_w1(w1, gated), w2.clone(), act)
-    inputs = [(rand(T, d).requires_grad_(True), rand(T, d)) for _ in range(4)]
-    return models, inputs
 
 
 def _stepper(models, inputs):
@@ -123,7 +105,7 @@ def churn(shape, setting: str, steps: int, recorder: Recorder, graphs) -> None:
     graphs.clear()
     recorder.log.clear()
     recorder.capture_s.clear()
-    models, inputs = _models(shape, setting == "rounds")
+    models, inputs = fused_and_eager(shape, recompute_too=setting == "rounds")
     step = _stepper(models, inputs)
     windows, last = [], []
 
@@ -134,7 +116,7 @@ def churn(shape, setting: str, steps: int, recorder: Recorder, graphs) -> None:
         recorder.log.clear()
 
     if setting == "rounds":
-        order = list(models)
+        order = ["eager", "ours", "ours recompute", "eager copy"]
         for r in range(ROUNDS):
             for name in (order if r % 2 == 0 else order[::-1]):
                 for _ in range(STEPS_PER_TURN):
@@ -181,9 +163,12 @@ def main(argv=None) -> int:
     from parallel_mlp.launch_graphs import GRAPHS
 
     recorder = Recorder(GRAPHS, args.profile_captures)
-    for shape in args.shape or SHAPES:
-        for setting in ("alone", "turns with eager", "rounds"):
-            churn(shape, setting, args.steps, recorder, GRAPHS)
+    try:
+        for shape in args.shape or SHAPES:
+            for setting in ("alone", "turns with eager", "rounds"):
+                churn(shape, setting, args.steps, recorder, GRAPHS)
+    finally:
+        recorder.close()
     if recorder.profiler is not None:
         pstats.Stats(recorder.profiler).sort_stats("tottime").print_stats(18)
     return 0

@@ -177,6 +177,32 @@ def build_parallel_mlp(w1, w2, act: str, h: int, cls=ParallelMLP, **kwargs) -> P
     return model
 
 
+def fused_and_eager(shape: tuple[int, int, int, str], input_sets: int = 4,
+                    recompute_too: bool = False, device="cuda", dtype=torch.bfloat16):
+    """({name: model}, [(x, dy), ...]) for the launch-group probes (tools/launch_key_churn.py,
+    tools/fused_step_probe.py): "ours", the fused function at every size (the sweep's
+    ``ours_fused``: FusedParallelMLP on backend="auto"), and "eager", with the same weights;
+    with ``recompute_too`` also "ours recompute" and "eager copy", as the sweep times them. The
+    inputs are ``input_sets`` (x, dy) pairs, x requiring its gradient, to take in turn as the
+    sweep rotates its sets; shape is (T, d, h, activation)."""
+    tokens, d, h, act = shape
+    gated = get_activation(act).gated
+    g = torch.Generator(device=device).manual_seed(0)
+
+    def rand(*size, scale=1.0):
+        return (torch.randn(*size, device=device, generator=g) * scale).to(dtype)
+
+    w1, w2 = rand((2 if gated else 1) * h, d, scale=d ** -0.5), rand(d, h, scale=h ** -0.5)
+    models = {"ours": build_parallel_mlp(w1, w2, act, h, cls=FusedParallelMLP, backend="auto"),
+              "eager": EagerMLP(chunked_w1(w1, gated), w2.clone(), act)}
+    if recompute_too:
+        models["ours recompute"] = build_parallel_mlp(w1, w2, act, h, cls=FusedParallelMLP,
+                                                      backend="auto", recompute=True)
+        models["eager copy"] = EagerMLP(chunked_w1(w1, gated), w2.clone(), act)
+    inputs = [(rand(tokens, d).requires_grad_(True), rand(tokens, d)) for _ in range(input_sets)]
+    return models, inputs
+
+
 # Each timed model's parameters, listed at its first step, as an optimizer lists them once.
 _PARAMETERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
