@@ -588,3 +588,36 @@ def test_fused_and_eager_hold_one_function_and_the_sweeps_input_sets(act):
                               dtype=torch.float32)
     assert list(more) == ["ours", "eager", "ours recompute", "eager copy"]
     assert more["ours recompute"].recompute
+
+
+def test_time_held_counts_each_fns_turns_when_asked():
+    """With Ctx.turn_counts, each fn's result holds what the counts moved by over its own timed
+    turns (warm-up calls excluded), per turn; without it, no such key."""
+    from parallel_mlp.bench import harness
+
+    clock = FakeClock()
+    ctx = cpu_ctx(iters=3, warmup=1, clock=clock)
+    ctx.hold_s, ctx.rounds = 2 ** -6, 2  # 15.625 ms turns
+    counts = {"captures": 0, "replays": 0}
+    slow_step, fast_step = clock.call_taking(2 ** -8), clock.call_taking(2 ** -10)
+
+    def grouped(i):  # 4 calls a turn: a capture at each turn's first, replays after
+        counts["captures" if counts.get("fresh", True) else "replays"] += 1
+        counts["fresh"] = False
+        slow_step(i)
+
+    def plain(i):  # 16 calls a turn, no groups; the next turn of grouped starts fresh
+        counts["fresh"] = True
+        fast_step(i)
+
+    ctx.turn_counts = lambda: {k: v for k, v in counts.items() if k != "fresh"}
+    out = harness.time_side_by_side(ctx, {"grouped": grouped, "plain": plain})
+    # rounds: grouped, plain | plain, grouped: grouped's second turn follows plain's, so it
+    # starts fresh again; its first turn came after the warm-up's plain call
+    assert out["grouped"]["per_turn"] == {"captures": 1.0, "replays": 3.0}
+    assert out["plain"]["per_turn"] == {"captures": 0.0, "replays": 0.0}
+    ctx.turn_counts = None
+    assert "per_turn" not in harness.time_side_by_side(ctx, {"plain": plain})["plain"]
+    total = {"a": 1}
+    harness.add_changes(total, {"a": 2, "b": 1}, {"a": 5, "c": 2})
+    assert total == {"a": 4, "b": -1, "c": 2}

@@ -714,3 +714,26 @@ def test_negative_heat_is_refused_and_the_plan_counts_the_heat(capsys):
     calls_cold = sweep.apply_defaults(sweep.parse_args(["--estimate", "--hold-s", "0",
                                                         "--heat-s", "0"]))
     assert sweep.shape_s(GRID[0], names, calls) == sweep.shape_s(GRID[0], names, calls_cold)
+
+
+def test_the_summary_names_variants_whose_launch_groups_met_new_keys():
+    """per_turn counts with captures or plain runs are listed, most first, by their report
+    names; a variant that only replayed, or has no counts, is not."""
+    rows = [{"label": "a", "variants": {
+                "eager": {"ms": 1.0},
+                "ours_fused": {"ms": 1.0, "per_turn": {"captures": 2.0, "plain": 2.5,
+                                                       "replays": 300.0}},
+                "ours": {"ms": 1.0, "per_turn": {"replays": 400.0}}}},
+            {"label": "b", "variants": {
+                "eager": {"ms": 1.0},
+                "ours_recompute": {"ms": 1.0, "per_turn": {"captures": 9.0, "plain": 9.0}}}}]
+    text = sweep_report.format_sweep({"meta": {}, "rows": rows})
+    assert ("launch groups meeting new keys in the timed turns, per turn (captures / plain runs"
+            " / replays), at 2 variant-shapes:") in text
+    assert text.index("b, ours recompute: 9.0 / 9.0 / 0.0") < text.index(
+        "a, ours, fused kernels: 2.0 / 2.5 / 300.0")
+    assert "a, ours: " not in text
+    rows[1]["variants"].pop("ours_recompute")
+    rows[0]["variants"].pop("ours_fused")
+    assert "launch groups meeting new keys" not in sweep_report.format_sweep({"meta": {},
+                                                                               "rows": rows})

@@ -72,6 +72,10 @@ class Ctx:
     clock: Clock = time.perf_counter  # what CPU timing reads; tests inject a fake one
     quiet: bool = False             # no progress lines (errors are still logged)
     checkpoint: Callable[[], None] = lambda: None  # saves the results so far
+    # Held timing: counts to read before and after every timed turn (e.g. the fused function's
+    # launch-group captures, plain runs and replays, launch_counts); each fn's result then holds
+    # their change over its turns, per turn, as "per_turn".
+    turn_counts: Callable[[], dict] | None = None
     cuda: bool = field(init=False)
 
     def __post_init__(self):
@@ -184,16 +188,39 @@ def time_held(ctx: Ctx, fns: dict[str, Callable], n_sets: int = 1) -> dict[str, 
              ctx.clock)
     holds = {name: [] for name in fns}
     counted = {name: 0 for name in fns}
+    counts = {name: {} for name in fns}
     names = list(fns)
     for r in range(ctx.rounds):
         for name in (names[k] for k in turn_order(len(names), r)):
             fn = fns[name]
+            before = ctx.turn_counts() if ctx.turn_counts is not None else None
             kept = settled(hold(lambda i, fn=fn: fn(i % n_sets), ctx.hold_s, ctx.cuda, ctx.clock))
+            if before is not None:
+                add_changes(counts[name], before, ctx.turn_counts())
             holds[name].append(statistics.median(kept))
             counted[name] += len(kept)
-    return {name: {"ms": statistics.median(h), "min_ms": min(h), "max_ms": max(h),
-                   "holds_ms": h, "iters": counted[name], "input_sets": n_sets, "hold_s": ctx.hold_s,
-                   "rounds": ctx.rounds} for name, h in holds.items()}
+    out = {name: {"ms": statistics.median(h), "min_ms": min(h), "max_ms": max(h),
+                  "holds_ms": h, "iters": counted[name], "input_sets": n_sets,
+                  "hold_s": ctx.hold_s, "rounds": ctx.rounds} for name, h in holds.items()}
+    if ctx.turn_counts is not None:
+        for name in fns:
+            out[name]["per_turn"] = {k: v / ctx.rounds for k, v in counts[name].items()}
+    return out
+
+
+def add_changes(total: dict, before: dict, after: dict) -> None:
+    """total[k] += after[k] - before[k] for every count k of either reading (a missing one is 0)."""
+    for k in after.keys() | before.keys():
+        total[k] = total.get(k, 0) + after.get(k, 0) - before.get(k, 0)
+
+
+def launch_counts() -> dict:
+    """The fused function's launch-group counts so far (launch_graphs.GRAPHS.stats: captures,
+    plain runs, replays, capture failures), for Ctx.turn_counts: where a variant's groups meet
+    new keys during its timed turns, each costs a plain run and, seen again, a capture."""
+    from ..launch_graphs import GRAPHS
+
+    return dict(GRAPHS.stats)
 
 
 def per_name(result: dict, names) -> dict[str, dict]:

@@ -117,7 +117,8 @@ def summary(results: dict) -> list[str]:
         pairs = [(x, r["label"]) for r in rows if (x := ours_over(r, name)) is not None]
         lines.append(f"  vs {label:14s} {_spread(pairs) if pairs else '-'}")
     lines += (noise(rows) + intervals(rows) + ceiling(rows) + small_steps(rows)
-              + backend_choice(rows) + plain_gemm_library(rows) + graphed(rows))
+              + backend_choice(rows) + plain_gemm_library(rows) + graphed(rows)
+              + new_launch_keys(rows))
     rec = [r["recompute_ratio"] for r in rows if r.get("recompute_ratio")]
     if rec:
         lines.append(f"  recompute / default time: geomean {geomean(rec):.3f}, "
@@ -269,6 +270,28 @@ def graphed(rows: list[dict]) -> list[str]:
         if gains:
             lines.append(f"  the graph's gain, {label}: geomean {geomean(gains):.3f}x, "
                          f"{min(gains):.3f}x to {max(gains):.3f}x")
+    return lines
+
+
+def new_launch_keys(rows: list[dict]) -> list[str]:
+    """The variants whose launch groups met new keys during their timed turns (``per_turn``,
+    harness.launch_counts): each such key costs a plain run and, seen again, a capture, which a
+    training loop, whose keys settle within its first steps, does not pay; per turn, worst first."""
+    found = []
+    for r in rows:
+        for name, res in r.get("variants", {}).items():
+            turn = res.get("per_turn") if isinstance(res, dict) else None
+            if turn and (turn.get("captures", 0) or turn.get("plain", 0)):
+                found.append((turn.get("captures", 0) + turn.get("plain", 0), r["label"],
+                              VARIANT_NAMES.get(name, name), turn))
+    if not found:
+        return []
+    found.sort(key=lambda f: -f[0])
+    lines = [f"  launch groups meeting new keys in the timed turns, per turn (captures / plain "
+             f"runs / replays), at {len(found)} variant-shapes:"]
+    for _, label, name, turn in found[:8]:
+        lines.append(f"    {label}, {name}: {turn.get('captures', 0):.1f} / "
+                     f"{turn.get('plain', 0):.1f} / {turn.get('replays', 0):.1f}")
     return lines
 
 
