@@ -664,6 +664,8 @@ def test_dry_run_end_to_end(tmp_path):
     data = json.loads(out.read_text())
     assert data["meta"]["mode"] == "sweep" and data["meta"]["dry_run"] is True
     assert data["meta"]["heat_s"] == sweep.HEAT_S
+    # the launch groups over the run: on the CPU (the torch backend) none
+    assert data["meta"]["launch_groups"] == {"graphs kept": 0}
     if os.path.isdir("/proc/self/task"):  # Linux: the main thread's CPU beside each host probe
         assert set(data["meta"]["host_placement"]) == {"start", "before the shapes",
                                                        "after the last shape"}

@@ -556,6 +556,8 @@ def run(args: argparse.Namespace) -> dict:
     host_us["after the last shape"] = host_probe_us(ctx)
     host_where["after the last shape"] = placement()
     results["meta"]["wall_s"] = time.monotonic() - start
+    # the launch groups over the whole run: graphs kept at its end, captures, plain runs, replays
+    results["meta"]["launch_groups"] = {"graphs kept": len(GRAPHS), **GRAPHS.stats}
     save()
     watchdog.cancel()
     return results
