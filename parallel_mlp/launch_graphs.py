@@ -246,10 +246,10 @@ def capture_with_workspace(capture_once: Callable, slot: Hashable, device: torch
 
 def _allocations(index: int) -> int:
     """How many allocations the caching allocator has made on this device, ever. Read from the
-    nested stats that ``torch.cuda.memory_stats`` flattens in Python, every statistic of the
+    nested stats, which ``torch.cuda.memory_stats`` flattens in Python, every statistic of the
     allocator, for each of a capture's two reads: read so, a capture took 0.76-0.92 ms of wall
     time against 0.88-1.10 (H200 host, 2026-12-04, ``tools/launch_key_churn.py``)."""
-    counts = torch._C._cuda_memoryStats(index).get("allocation", {}).get("all", {})
+    counts = torch.cuda.memory_stats_as_nested_dict(index).get("allocation", {}).get("all", {})
     return counts.get("allocated", 0)
 
 
