@@ -621,3 +621,24 @@ def test_time_held_counts_each_fns_turns_when_asked():
     total = {"a": 1}
     harness.add_changes(total, {"a": 2, "b": 1}, {"a": 5, "c": 2})
     assert total == {"a": 4, "b": -1, "c": 2}
+
+
+def test_a_cuda_context_counts_the_launch_groups_per_turn_by_default():
+    """On CUDA, held turns read the fused function's launch-group counts (a copy of
+    GRAPHS.stats, so later calls do not change an earlier reading); on the CPU nothing."""
+    from parallel_mlp.bench import harness
+    from parallel_mlp.launch_graphs import GRAPHS
+
+    ctx = harness.Ctx(device=torch.device("cuda"), dtype=torch.bfloat16, tokens=0, d_model=0,
+                      configs=[], iters=1, warmup=0, backend="auto", deadline=float("inf"))
+    assert ctx.turn_counts is harness.launch_counts
+    assert cpu_ctx(iters=1, warmup=0).turn_counts is None
+    saved = GRAPHS.stats.copy()
+    try:
+        GRAPHS.stats["captures"] = 3
+        reading = harness.launch_counts()
+        GRAPHS.stats["captures"] += 1
+        assert reading["captures"] == 3 and harness.launch_counts()["captures"] == 4
+    finally:
+        GRAPHS.stats.clear()
+        GRAPHS.stats.update(saved)

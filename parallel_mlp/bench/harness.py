@@ -72,14 +72,16 @@ class Ctx:
     clock: Clock = time.perf_counter  # what CPU timing reads; tests inject a fake one
     quiet: bool = False             # no progress lines (errors are still logged)
     checkpoint: Callable[[], None] = lambda: None  # saves the results so far
-    # Held timing: counts to read before and after every timed turn (e.g. the fused function's
-    # launch-group captures, plain runs and replays, launch_counts); each fn's result then holds
-    # their change over its turns, per turn, as "per_turn".
+    # Held timing: counts to read before and after every timed turn; each fn's result then holds
+    # their change over its turns, per turn, as "per_turn". On CUDA by default the fused
+    # function's launch-group captures, plain runs and replays (launch_counts).
     turn_counts: Callable[[], dict] | None = None
     cuda: bool = field(init=False)
 
     def __post_init__(self):
         self.cuda = self.device.type == "cuda"
+        if self.cuda and self.turn_counts is None:
+            self.turn_counts = launch_counts
 
     def log(self, msg: str) -> None:
         if not self.quiet:

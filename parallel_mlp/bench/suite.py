@@ -41,7 +41,6 @@ from .harness import (
     check_timing_flags,
     environment,
     l2_bytes,
-    launch_counts,
     log,
     probe_ours,
     start_watchdog,
@@ -149,8 +148,6 @@ def make_ctx(args: argparse.Namespace, device: torch.device, start: float) -> Ct
               warmup=args.warmup, backend=args.backend,
               deadline=start + getattr(args, "budget_s", float("inf")),
               hold_s=args.hold_s, rounds=args.rounds)
-    if ctx.cuda:  # each variant's launch-group captures, plain runs and replays per timed turn
-        ctx.turn_counts = launch_counts
     # The cold start uses the headline case (swiglu h=14336) or, on other shapes, the first config.
     swiglu = [c for c in ctx.configs if c[0] == "swiglu"]
     ctx.cold_start_config = swiglu[0] if swiglu else ctx.configs[0]

@@ -51,7 +51,6 @@ from .harness import (
     environment,
     free_memory,
     l2_bytes,
-    launch_counts,
     log,
     probe_ours,
     ratio,
@@ -479,8 +478,6 @@ def run(args: argparse.Namespace) -> dict:
               deadline=float("inf"), hold_s=args.hold_s, rounds=args.rounds,
               heat_s=args.heat_s, quiet=True)
     ctx.l2_bytes = l2_bytes(device)
-    if ctx.cuda:  # each variant's launch-group captures, plain runs and replays per timed turn
-        ctx.turn_counts = launch_counts
     torch.manual_seed(0)
     host_us = {"start": host_probe_us(ctx)}
     host_where = {"start": placement()}
