@@ -7,7 +7,7 @@ For each shape, the fused function at every size (the sweep's ``ours_fused``: Fu
 on backend="auto") and eager, each over four input sets in turn as the sweep rotates them: 20
 untimed steps, then the launch groups' captures, plain runs and replays over 100 steps; the best
 of three runs of 300 steps back to back (wall, synchronized at the end, and the host's time to
-issue them); then torch.profiler over 10 steps: the GPU kernels' summed time per step and the
+launch them); then torch.profiler over 10 steps: the GPU kernels' summed time per step and the
 longest kernels. Unlike the sweep, no other model runs between a model's steps, so the fused
 function's keys settle and its groups replay (tools/launch_key_churn.py).
 """
@@ -75,7 +75,7 @@ def probe(shape) -> None:
                 k[0] += e.device_time_total
                 k[1] += 1
         gpu_ms = sum(t for t, _ in kernels.values()) / 10 / 1e3
-        print(f"{label} {name}: wall {wall:.3f} ms/step, host issue {host:.3f} ms/step, GPU "
+        print(f"{label} {name}: wall {wall:.3f} ms/step, host {host:.3f} ms/step, GPU "
               f"kernels {gpu_ms:.3f} ms/step; groups over 100 steps: {groups}")
         for kname, (t, n) in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:8]:
             print(f"    {t / 10:8.1f} us/step  x{n / 10:.1f}  {kname[:110]}")
