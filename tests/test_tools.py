@@ -24,7 +24,7 @@ def test_lists_every_step_with_its_command():
     assert r.returncode == 0
     steps = [line.split()[0] for line in r.stdout.splitlines()]
     assert steps == ["tests_kernels", "tests_layer", "tests_defaults", "tests_all", "streamk", "streamk_fill", "configs_small", "configs_wave", "configs_mid", "configs_long_k", "configs_dact", "configs_swap", "configs_ring", "plain_gemms", "plain_gemms_host", "gemm", "mlp", "sweep", "sweep_ceiling", "sweep_plain_launches", "sweep_below_eager", "sweep_small", "sweep_graphed",
-                     "tp", "tp_sp", "profile", "launch_graphs", "launch_keys", "memory_trace", "small_step_variants", "host_paths", "timing_spread", "host_step",
+                     "tp", "tp_sp", "profile", "launch_graphs", "launch_keys", "held_turns", "kernels_vs_quack", "memory_trace", "small_step_variants", "host_paths", "timing_spread", "host_step",
                      "host_stages", "host_env", "host_phases", "cold", "clock", "full", "ncu", "ncu_dact", "ncu_smem"]
     # every step the script defines is listed (a step missing from the list still ran, unseen)
     defined = re.findall(r"^  \[(\w+)\]=", SCRIPT.read_text(), flags=re.M)
@@ -450,3 +450,51 @@ def test_launch_key_churn_runs_its_three_settings(monkeypatch, capsys):
     assert "4,8,4,swiglu alone: captures/plain/replays per 100 steps of ours: 0/0/0 0/0/0;" in out
     assert "4,8,4,swiglu turns with eager:" in out
     assert "4,8,4,swiglu rounds: captures/plain/replays per round: 0/0/0 0/0/0;" in out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")
+@pytest.mark.parametrize("name", ["held_turns_probe", "kernels_vs_quack"])
+def test_held_step_probes_need_a_gpu_and_refuse_bad_shapes(name, capsys):
+    tool = _tool(name)
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        tool.main(["--shape", "512,1024,512,gelu_tanh_approx"])
+    with pytest.raises(SystemExit):
+        tool.main(["--shape", "512,1024,swiglu"])
+    assert "--shape must be T,d,h,activation" in capsys.readouterr().err
+
+
+def test_held_turns_probe_times_each_way_and_counts_the_turns(monkeypatch, capsys):
+    """The whole probe on tiny CPU models (CUDA's calls stubbed, the host's clock for the
+    turns): every model gets a time in each of the four ways, and the turns' launch-group
+    counts and the fused step's by-input-set medians are reported."""
+    from parallel_mlp.bench import models
+
+    probe = _tool("held_turns_probe")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(probe, "fused_and_eager", lambda shape, n: models.fused_and_eager(
+        shape, n, device="cpu", dtype=torch.float32))
+    monkeypatch.setattr(probe, "ON_GPU", False)
+    monkeypatch.setattr(probe, "TURN_S", 0.002)
+    monkeypatch.setattr(probe, "gpu_gaps", lambda fn: (0.0, 0.0, []))
+    monkeypatch.setattr(probe, "loop_ms", lambda fn, steps=300: 1.0)
+    assert probe.main(["--shape", "8,16,8,swiglu", "--rounds", "2"]) == 0
+    out = capsys.readouterr().out
+    rows = {m[1]: m[2].split() for m in re.finditer(r"^  (fused|eager) +([\d. ]+)$", out, re.M)}
+    assert len(rows["fused"]) == 4 and len(rows["eager"]) == 4
+    assert all(float(v) > 0 for v in rows["fused"] + rows["eager"])
+    assert re.search(r"^  auto +[\d.]+ ", out, re.M)
+    assert "fused in turns: settled median by input set 0:" in out
+    assert "fused launch groups per turn:" in out
+
+
+def test_kernels_vs_quack_averages_each_kernel_over_the_profiled_steps():
+    tool = _tool("kernels_vs_quack")
+    steps = tool.STEPS
+    kernels = [(name, float(us + s)) for s in range(steps) for name, us in (("fc1", 10), ("fc2", 20))]
+    assert tool.per_step(kernels) == [("fc1", 10 + (steps - 1) / 2), ("fc2", 20 + (steps - 1) / 2)]
+    # a list that does not split into equal steps is shown as it is, not misattributed
+    assert tool.per_step(kernels[:-1]) == kernels[:-1]
+    assert tool.short("k" * 96) == "k" * 96
+    long = "a" * 70 + "b" * 60
+    assert tool.short(long).startswith("a" * 60) and tool.short(long).endswith("b" * 33)
