@@ -23,6 +23,12 @@ would go to whichever pool routes the thread's allocations, a ``torch.cuda.use_m
 caller's before the graph's own, and that pool could hand the block to another tensor while the
 graph still writes it at each replay; a capture that allocates fails.)
 
+What it holds: besides the shared workspace buffer, nothing in the caching allocator; the
+instantiated graphs hold device memory of their own, outside it: about 71 MiB the first time a
+process keeps graphs and about 115 KiB a graph after that (H200, torch 2.11, 2026-12-04,
+``tools/graph_memory_probe.py``: 100 MiB for 256 graphs, 186 MiB for 1024), bounded by
+``MAX_GRAPHS``.
+
 When it runs: by default (``PARALLEL_MLP_LAUNCH_GRAPHS=0`` in the environment, or
 ``GRAPHS.enabled = False``, turns it off), at one rank without biases on the CuTe kernels
 (autograd.py says which calls make groups). A key is captured the second time it is seen; a key

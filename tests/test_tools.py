@@ -24,7 +24,7 @@ def test_lists_every_step_with_its_command():
     assert r.returncode == 0
     steps = [line.split()[0] for line in r.stdout.splitlines()]
     assert steps == ["tests_kernels", "tests_layer", "tests_defaults", "tests_all", "streamk", "streamk_fill", "configs_small", "configs_wave", "configs_mid", "configs_long_k", "configs_dact", "configs_swap", "configs_ring", "plain_gemms", "plain_gemms_host", "gemm", "mlp", "sweep", "sweep_ceiling", "sweep_plain_launches", "sweep_below_eager", "sweep_small", "sweep_graphed",
-                     "tp", "tp_sp", "profile", "launch_graphs", "launch_keys", "held_turns", "kernels_vs_quack", "memory_trace", "small_step_variants", "host_paths", "timing_spread", "host_step",
+                     "tp", "tp_sp", "profile", "launch_graphs", "launch_keys", "held_turns", "kernels_vs_quack", "graph_memory", "memory_trace", "small_step_variants", "host_paths", "timing_spread", "host_step",
                      "host_stages", "host_env", "host_phases", "cold", "clock", "full", "ncu", "ncu_dact", "ncu_smem"]
     # every step the script defines is listed (a step missing from the list still ran, unseen)
     defined = re.findall(r"^  \[(\w+)\]=", SCRIPT.read_text(), flags=re.M)
@@ -453,7 +453,7 @@ def test_launch_key_churn_runs_its_three_settings(monkeypatch, capsys):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")
-@pytest.mark.parametrize("name", ["held_turns_probe", "kernels_vs_quack"])
+@pytest.mark.parametrize("name", ["held_turns_probe", "kernels_vs_quack", "graph_memory_probe"])
 def test_held_step_probes_need_a_gpu_and_refuse_bad_shapes(name, capsys):
     tool = _tool(name)
     with pytest.raises(SystemExit, match="needs a CUDA GPU"):
@@ -498,3 +498,35 @@ def test_kernels_vs_quack_averages_each_kernel_over_the_profiled_steps():
     assert tool.short("k" * 96) == "k" * 96
     long = "a" * 70 + "b" * 60
     assert tool.short(long).startswith("a" * 60) and tool.short(long).endswith("b" * 33)
+
+
+def test_graph_memory_probe_reads_memory_after_each_phase(monkeypatch, capsys):
+    """The probe on a tiny CPU model (CUDA's calls stubbed, the driver's free bytes falling by
+    1 MiB a reading): three readings, graphs off, on and dropped, and the launch graphs left
+    empty and switched as they were. The CPU runs no launch groups, so no per-graph line."""
+    from parallel_mlp.bench import models
+    from parallel_mlp.launch_graphs import GRAPHS
+
+    probe = _tool("graph_memory_probe")
+    monkeypatch.setattr(GRAPHS, "enabled", False)  # the probe turns them on, then puts this back
+    free = [2 ** 30]
+
+    def mem_get_info():
+        free[0] -= 2 ** 20
+        return free[0], 2 ** 31
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a: 3 * 2 ** 20)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: 2 ** 20)
+    monkeypatch.setattr(probe, "fused_and_eager", lambda shape, n: models.fused_and_eager(
+        shape, n, device="cpu", dtype=torch.float32))
+    assert probe.main(["--shape", "8,16,8,swiglu", "--input-sets", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "== 8,16,8,swiglu, 2 input sets: 0 graphs kept" in out
+    assert re.search(r"graphs off, 3 passes +free +1023\.0 MiB +reserved +3\.0 +allocated +1\.0", out)
+    assert re.search(r"graphs dropped, cache emptied +free +1021\.0 MiB", out)
+    assert "per graph" not in out
+    assert not GRAPHS.enabled and len(GRAPHS) == 0

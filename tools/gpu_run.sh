@@ -94,6 +94,8 @@
 #                    loop, and the GPU's idle gaps (~1 min)
 #     kernels_vs_quack  tools/kernels_vs_quack.py: each kernel of a step, ours beside quack's MLP,
 #                    and the held steps, at the two d=8192 shapes and the headline (~2 min)
+#     graph_memory   tools/graph_memory_probe.py: the device memory the fused function's kept CUDA
+#                    graphs hold, the allocator's and the driver's, at 94-1024 graphs (~1 min)
 #     memory_trace   tools/step_memory_trace.py: the allocator's history over the sweep's measured
 #                    steps, ours beside eager, at T=512 d=1024 swiglu (default and recompute
 #                    modes) and T=512 d=8192 swiglu: where a step peak that asks for eager's bytes
@@ -168,6 +170,7 @@ declare -A CMD=(
   [launch_graphs]="timeout 150 python3 tools/pytest_shards.py 12 -m gpu tests/test_layer_gpu.py -k launch_graphs; timeout 200 python3 tools/launch_graphs_ab.py"
   [held_turns]="timeout 120 python3 -m parallel_mlp.kernels.warmup --shapes 512:1024:512:gelu_tanh_approx,512:1024:2816:swiglu,4096:1024:4096:gelu_tanh_approx -j 16; timeout 400 python3 tools/held_turns_probe.py"
   [kernels_vs_quack]="timeout 150 python3 -m parallel_mlp.kernels.warmup --shapes 8192:8192:8192:gelu_tanh_approx,16384:8192:11008:swiglu,8192:4096:14336:swiglu -j 16; timeout 400 python3 tools/kernels_vs_quack.py --rounds 6"
+  [graph_memory]="timeout 120 python3 -m parallel_mlp.kernels.warmup --shapes 512:1024:2816:swiglu,4096:1024:4096:gelu_tanh_approx -j 16; timeout 100 python3 tools/graph_memory_probe.py; timeout 100 python3 tools/graph_memory_probe.py --shape 4096,1024,4096,gelu_tanh_approx --input-sets 32; timeout 100 python3 tools/graph_memory_probe.py --input-sets 256"
   [launch_keys]="timeout 120 python3 -m parallel_mlp.kernels.warmup --shapes 512:1024:512:gelu_tanh_approx,512:1024:2816:swiglu,4096:1024:4096:gelu_tanh_approx,8192:1024:2816:swiglu -j 16; timeout 200 python3 tools/launch_key_churn.py --profile-captures; timeout 120 python3 tools/fused_step_probe.py"
   [memory_trace]="timeout 120 python3 tools/step_memory_trace.py; timeout 120 python3 tools/step_memory_trace.py --recompute; timeout 120 python3 tools/step_memory_trace.py --shape 512,8192,2752,swiglu"
   [small_step_variants]="timeout 260 python3 tools/small_step_variants.py"
@@ -184,7 +187,7 @@ declare -A CMD=(
   [ncu_smem]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 6 --launch-count 6 --metrics l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum,smsp__inst_executed_op_shared_ld.sum,smsp__inst_executed_op_shared_st.sum,smsp__inst_executed_op_global_ld.sum,smsp__average_warp_latency_issue_stalled_long_scoreboard.ratio,smsp__average_warp_latency_issue_stalled_barrier.ratio,smsp__average_warp_latency_issue_stalled_wait.ratio $BENCH ncu-cases --short-k-dact"
   [ncu_dact]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 6 --launch-count 6 --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section Occupancy --section ComputeWorkloadAnalysis --section InstructionStats $BENCH ncu-cases --short-k-dact"
 )
-ORDER=(tests_kernels tests_layer tests_defaults tests_all streamk streamk_fill configs_small configs_wave configs_mid configs_long_k configs_dact configs_swap configs_ring plain_gemms plain_gemms_host gemm mlp sweep sweep_ceiling sweep_plain_launches sweep_below_eager sweep_small sweep_graphed tp tp_sp profile launch_graphs launch_keys held_turns kernels_vs_quack memory_trace small_step_variants host_paths timing_spread host_step host_stages host_env host_phases cold clock full ncu ncu_dact ncu_smem)
+ORDER=(tests_kernels tests_layer tests_defaults tests_all streamk streamk_fill configs_small configs_wave configs_mid configs_long_k configs_dact configs_swap configs_ring plain_gemms plain_gemms_host gemm mlp sweep sweep_ceiling sweep_plain_launches sweep_below_eager sweep_small sweep_graphed tp tp_sp profile launch_graphs launch_keys held_turns kernels_vs_quack graph_memory memory_trace small_step_variants host_paths timing_spread host_step host_stages host_env host_phases cold clock full ncu ncu_dact ncu_smem)
 
 steps=("$@")
 if [ ${#steps[@]} -eq 0 ]; then
