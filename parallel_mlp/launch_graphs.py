@@ -32,8 +32,14 @@ process keeps graphs and about 115 KiB a graph after that (H200, torch 2.11, 202
 When it runs: by default (``PARALLEL_MLP_LAUNCH_GRAPHS=0`` in the environment, or
 ``GRAPHS.enabled = False``, turns it off), at one rank without biases on the CuTe kernels
 (autograd.py says which calls make groups). A key is captured the second time it is seen; a key
-seen once costs a lookup. At most ``MAX_GRAPHS`` graphs are kept (least recently replayed dropped
-first). A site (a group's kind and options: its ops, activation, memory mode, device and stream,
+seen once costs a lookup. At most ``MAX_GRAPHS`` graphs are kept. When they are all kept, the
+least recently replayed one makes room for a new key only once it has gone ``MAX_IDLE_RUNS``
+group runs without a replay; until then the new key runs without a graph. Plain
+least-recently-used dropping would thrash where a loop's keys outnumber the bound (many layers,
+micro-batches in flight): each key dropped before it comes round again, and captured anew each
+time, 0.8-0.9 ms of host time a capture (H200, 2026-12-04), where now the bound's worth of keys
+replay and the rest run plainly; graphs whose keys a changed shape left behind still give way
+after that many runs. A site (a group's kind and options: its ops, activation, memory mode, device and stream,
 not its tensors) that has seen ``MAX_MISSES`` new keys without one replay turns off
 (``site_off``), and the function then launches that site's kernels one by one as before, since a
 group whose keys never repeat costs more host time than those launches (its outputs are made
@@ -76,6 +82,7 @@ log = logging.getLogger(__name__)
 
 ENV = "PARALLEL_MLP_LAUNCH_GRAPHS"
 MAX_GRAPHS = 2048
+MAX_IDLE_RUNS = 2 * MAX_GRAPHS  # group runs without a replay before a kept graph may give way
 MAX_MISSES = 1024
 _SEEN_LIMIT = 4 * MAX_GRAPHS  # keys seen once, remembered (oldest forgotten first)
 
@@ -111,27 +118,32 @@ class LaunchGraphs:
 
     def __init__(self, capture: Callable | None = None, replay: Callable | None = None,
                  capturing: Callable[[], bool] | None = None, max_graphs: int = MAX_GRAPHS,
-                 max_misses: int = MAX_MISSES):
+                 max_misses: int = MAX_MISSES, max_idle_runs: int = MAX_IDLE_RUNS):
         self._capture = capture or _capture_cuda_graph
         self._replay = replay or _replay_cuda_graph
         self._capturing = capturing or torch.cuda.is_current_stream_capturing
         self.max_graphs = max_graphs
         self.max_misses = max_misses
+        self.max_idle_runs = max_idle_runs
+        self._runs = 0  # calls of run(), the clock of a graph's idleness
+        # key -> [graph, its site's state, the run that last replayed it], least recent first
         self._graphs: collections.OrderedDict = collections.OrderedDict()
         self._seen: collections.OrderedDict = collections.OrderedDict()
         self._sites: dict = {}
         self._lock = threading.Lock()
         self.enabled = enabled_by_env()
-        self.stats = collections.Counter()  # replays, captures, plain runs, capture failures
+        self.stats = collections.Counter()  # replays, captures, plain runs ("no room" among them), capture failures
 
     def run(self, site: Hashable, key: Hashable, launches: Callable[[], None],
             device: torch.device) -> None:
         """Run ``launches`` (which launch kernels into tensors that exist already, allocating
         nothing the caller keeps), or replay the graph of an earlier call with the same key.
         ``site`` names the group without its tensors' addresses; ``key`` must include it."""
+        self._runs += 1
         entry = self._graphs.get(key) if self.enabled else None
         if entry is not None:
-            graph, state = entry
+            graph, state, _ = entry
+            entry[2] = self._runs
             self._replay(graph, launches)
             state.replays += 1
             self.stats["replays"] += 1
@@ -158,7 +170,11 @@ class LaunchGraphs:
                 self._seen[key] = None
                 if len(self._seen) > _SEEN_LIMIT:
                     self._seen.popitem(last=False)
-        if not seen:
+        if not seen or not self._make_room():
+            if seen:  # no room yet: asked again at its next sighting
+                self.stats["no room"] += 1
+                with self._lock:
+                    self._seen[key] = None
             self.stats["plain"] += 1
             launches()
             return
@@ -177,9 +193,23 @@ class LaunchGraphs:
         state.replays += 1
         self.stats["replays"] += 1
         with self._lock:
-            self._graphs[key] = (graph, state)
-            while len(self._graphs) > self.max_graphs:
+            self._graphs[key] = [graph, state, self._runs]
+            while len(self._graphs) > self.max_graphs:  # another thread's capture meanwhile
                 self._graphs.popitem(last=False)
+
+    def _make_room(self) -> bool:
+        """Whether a new graph may be kept: the bound is not reached, or the least recently
+        replayed graph has gone max_idle_runs runs without a replay (then it is dropped)."""
+        with self._lock:
+            if len(self._graphs) < self.max_graphs:
+                return True
+            oldest = next(iter(self._graphs), None)
+            if oldest is None:  # max_graphs == 0
+                return False
+            if self._runs - self._graphs[oldest][2] <= self.max_idle_runs:
+                return False
+            del self._graphs[oldest]
+            return True
 
     def site_off(self, site: Hashable) -> bool:
         """Whether groups of this site should not be made at all: the graphs are off, or the
@@ -195,6 +225,7 @@ class LaunchGraphs:
             self._seen.clear()
             self._sites.clear()
             self.stats.clear()
+            self._runs = 0
             _workspaces.clear()  # each graph holds its own; the next capture makes a new one
 
     def __len__(self) -> int:

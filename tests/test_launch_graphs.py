@@ -56,8 +56,9 @@ def test_a_key_is_captured_the_second_time_and_replayed_after():
 
 
 def test_graphs_are_kept_up_to_a_bound_least_recently_replayed_dropped():
+    """With no idle runs asked of the graph that gives way: least recently replayed first."""
     rec = Recorder()
-    graphs = rec.graphs(max_graphs=2)
+    graphs = rec.graphs(max_graphs=2, max_idle_runs=0)
     for key in (1, 1, 2, 2):
         graphs.run("site", key, lambda: None, None)
     graphs.run("site", 1, lambda: None, None)  # replay: 1 is now the most recent
@@ -68,6 +69,54 @@ def test_graphs_are_kept_up_to_a_bound_least_recently_replayed_dropped():
     assert rec.replayed[-1] == "graph 1"
     graphs.run("site", 2, lambda: None, None)  # dropped: seen afresh, not replayed
     assert rec.replayed[-1] == "graph 1"
+
+
+def test_keys_that_outnumber_the_bound_replay_the_bound_and_do_not_thrash():
+    """Six keys in a loop, four graphs kept: least-recently-used dropping would capture two
+    keys a round for ever; with the idle rule the kept four replay and the other two run
+    without a graph, with no capture after the first rounds."""
+    rec = Recorder()
+    graphs = rec.graphs(max_graphs=4, max_idle_runs=8)
+    for _ in range(3):
+        for key in range(6):
+            graphs.run("site", key, lambda: None, None)
+    captured = len(rec.captured)
+    graphs.stats.clear()
+    for _ in range(10):
+        for key in range(6):
+            graphs.run("site", key, lambda: None, None)
+    assert len(rec.captured) == captured == 4 and len(graphs) == 4
+    assert graphs.stats == {"replays": 40, "plain": 20, "no room": 20}
+    assert not graphs.site_off("site")
+
+
+def test_graphs_left_idle_past_the_limit_give_way_to_new_keys():
+    """Keys 0-3 kept; then the loop moves to keys 10-13 (a changed shape): once the old graphs
+    have gone max_idle_runs runs without a replay, the new keys are captured and replay."""
+    rec = Recorder()
+    graphs = rec.graphs(max_graphs=4, max_idle_runs=8)
+    for _ in range(2):
+        for key in range(4):
+            graphs.run("site", key, lambda: None, None)
+    assert len(rec.captured) == 4
+    for _ in range(4):
+        for key in range(10, 14):
+            graphs.run("site", key, lambda: None, None)
+    assert len(rec.captured) == 8 and len(graphs) == 4
+    replayed = len(rec.replayed)
+    for key in range(10, 14):
+        graphs.run("site", key, lambda: None, None)
+    assert len(rec.replayed) == replayed + 4
+    graphs.run("site", 0, lambda: None, None)  # dropped: seen afresh
+    assert len(rec.replayed) == replayed + 4
+
+
+def test_no_graph_is_kept_with_a_bound_of_zero():
+    rec = Recorder()
+    graphs = rec.graphs(max_graphs=0)
+    for _ in range(3):
+        graphs.run("site", 1, lambda: None, None)
+    assert rec.captured == [] and graphs.stats["plain"] == 3
 
 
 def test_a_site_whose_keys_never_repeat_stops_looking():
