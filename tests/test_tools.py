@@ -385,8 +385,9 @@ def _tool(name):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")
-@pytest.mark.parametrize("name", ["launch_key_churn", "fused_step_probe"])
-def test_launch_key_tools_need_a_gpu_and_refuse_bad_shapes(name, capsys):
+@pytest.mark.parametrize("name", ["launch_key_churn", "fused_step_probe", "held_turns_probe",
+                                  "kernels_vs_quack", "graph_memory_probe"])
+def test_shape_probes_need_a_gpu_and_refuse_bad_shapes(name, capsys):
     tool = _tool(name)
     with pytest.raises(SystemExit, match="needs a CUDA GPU"):
         tool.main(["--shape", "512,1024,512,gelu_tanh_approx"])
@@ -450,17 +451,6 @@ def test_launch_key_churn_runs_its_three_settings(monkeypatch, capsys):
     assert "4,8,4,swiglu alone: captures/plain/replays per 100 steps of ours: 0/0/0 0/0/0;" in out
     assert "4,8,4,swiglu turns with eager:" in out
     assert "4,8,4,swiglu rounds: captures/plain/replays per round: 0/0/0 0/0/0;" in out
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")
-@pytest.mark.parametrize("name", ["held_turns_probe", "kernels_vs_quack", "graph_memory_probe"])
-def test_held_step_probes_need_a_gpu_and_refuse_bad_shapes(name, capsys):
-    tool = _tool(name)
-    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
-        tool.main(["--shape", "512,1024,512,gelu_tanh_approx"])
-    with pytest.raises(SystemExit):
-        tool.main(["--shape", "512,1024,swiglu"])
-    assert "--shape must be T,d,h,activation" in capsys.readouterr().err
 
 
 def test_held_turns_probe_times_each_way_and_counts_the_turns(monkeypatch, capsys):
