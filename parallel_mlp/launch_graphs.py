@@ -132,7 +132,9 @@ class LaunchGraphs:
         self._sites: dict = {}
         self._lock = threading.Lock()
         self.enabled = enabled_by_env()
-        self.stats = collections.Counter()  # replays, captures, plain runs ("no room" among them), capture failures
+        # replays, captures, plain runs ("no room" among them: seen before, kept out by the
+        # bound), capture failures
+        self.stats = collections.Counter()
 
     def run(self, site: Hashable, key: Hashable, launches: Callable[[], None],
             device: torch.device) -> None:
@@ -160,21 +162,19 @@ class LaunchGraphs:
             launches()
             return
         with self._lock:
-            seen = key in self._seen
-            if seen:
+            capture = key in self._seen and self._make_room()
+            if capture:
                 del self._seen[key]
-            else:
+            elif key not in self._seen:
                 state.misses += 1
                 if state.replays == 0 and state.misses >= self.max_misses:
                     state.off = True
                 self._seen[key] = None
                 if len(self._seen) > _SEEN_LIMIT:
                     self._seen.popitem(last=False)
-        if not seen or not self._make_room():
-            if seen:  # no room yet: asked again at its next sighting
+            else:  # seen before, no room yet: it stays seen, asked again at its next sighting
                 self.stats["no room"] += 1
-                with self._lock:
-                    self._seen[key] = None
+        if not capture:
             self.stats["plain"] += 1
             launches()
             return
@@ -198,18 +198,16 @@ class LaunchGraphs:
                 self._graphs.popitem(last=False)
 
     def _make_room(self) -> bool:
-        """Whether a new graph may be kept: the bound is not reached, or the least recently
-        replayed graph has gone max_idle_runs runs without a replay (then it is dropped)."""
-        with self._lock:
-            if len(self._graphs) < self.max_graphs:
-                return True
-            oldest = next(iter(self._graphs), None)
-            if oldest is None:  # max_graphs == 0
-                return False
-            if self._runs - self._graphs[oldest][2] <= self.max_idle_runs:
-                return False
-            del self._graphs[oldest]
+        """Whether a new graph may be kept (called with the lock held): the bound is not
+        reached, or the least recently replayed graph has gone max_idle_runs runs without a
+        replay (then it is dropped)."""
+        if len(self._graphs) < self.max_graphs:
             return True
+        oldest = next(iter(self._graphs), None)
+        if oldest is None or self._runs - self._graphs[oldest][2] <= self.max_idle_runs:
+            return False  # (None: max_graphs is 0)
+        del self._graphs[oldest]
+        return True
 
     def site_off(self, site: Hashable) -> bool:
         """Whether groups of this site should not be made at all: the graphs are off, or the
