@@ -454,9 +454,10 @@ def test_launch_key_churn_runs_its_three_settings(monkeypatch, capsys):
 
 
 def test_held_turns_probe_times_each_way_and_counts_the_turns(monkeypatch, capsys):
-    """The whole probe on tiny CPU models (CUDA's calls stubbed, the host's clock for the
-    turns): every model gets a time in each of the four ways, and the turns' launch-group
-    counts and the fused step's by-input-set medians are reported."""
+    """The whole probe on tiny CPU models (CUDA's calls stubbed, eight calls a turn of known
+    times): every model gets each turn's settled median in the three turn-based ways and the
+    loop's time, and the turns' launch-group counts and the fused step's by-input-set medians
+    are reported."""
     from parallel_mlp.bench import models
 
     probe = _tool("held_turns_probe")
@@ -465,16 +466,24 @@ def test_held_turns_probe_times_each_way_and_counts_the_turns(monkeypatch, capsy
     monkeypatch.setattr(probe, "fused_and_eager", lambda shape, n: models.fused_and_eager(
         shape, n, device="cpu", dtype=torch.float32))
     monkeypatch.setattr(probe, "ON_GPU", False)
-    monkeypatch.setattr(probe, "TURN_S", 0.002)
+
+    def hold(fn, seconds, cuda):  # eight calls a turn, whatever the machine's speed
+        assert seconds == probe.TURN_S and cuda is False
+        for i in range(8):
+            fn(i)
+        return [0.5 + 0.01 * i for i in range(8)]
+
+    monkeypatch.setattr(probe, "hold", hold)
     monkeypatch.setattr(probe, "gpu_gaps", lambda fn: (0.0, 0.0, []))
     monkeypatch.setattr(probe, "loop_ms", lambda fn, steps=300: 1.0)
     assert probe.main(["--shape", "8,16,8,swiglu", "--rounds", "2"]) == 0
     out = capsys.readouterr().out
     rows = {m[1]: m[2].split() for m in re.finditer(r"^  (fused|eager) +([\d. ]+)$", out, re.M)}
-    assert len(rows["fused"]) == 4 and len(rows["eager"]) == 4
-    assert all(float(v) > 0 for v in rows["fused"] + rows["eager"])
-    assert re.search(r"^  auto +[\d.]+ ", out, re.M)
-    assert "fused in turns: settled median by input set 0:" in out
+    # a turn's calls after its first quarter: 0.52-0.57 ms, median 0.545
+    assert rows["fused"] == rows["eager"] == ["0.545", "0.545", "0.545", "1.000"]
+    assert re.search(r"^  auto +0\.545 ", out, re.M)
+    assert ("fused in turns: settled median by input set 0: 0.540, 1: 0.550, 2: 0.540, "
+            "3: 0.550; calls over 2x the median 0/12; first-quarter median 0.505") in out
     assert "fused launch groups per turn:" in out
 
 

@@ -31,6 +31,7 @@ import time
 
 import torch
 
+from parallel_mlp.bench.harness import add_changes, launch_counts
 from parallel_mlp.bench.host_overhead import parse_shape
 from parallel_mlp.bench.models import build_parallel_mlp, fused_and_eager, train_step
 from parallel_mlp.bench.timing import hold, settled, turn_order
@@ -61,24 +62,20 @@ def step_fn(model, inputs):
 
 def turns(fns: dict, rounds: int, collector_off: bool = False):
     """{name: (median ms over turns, [per-call ms of every turn], launch-group counts)}"""
-    from parallel_mlp.launch_graphs import GRAPHS
-
     names = list(fns)
     calls = {n: [] for n in names}
     medians = {n: [] for n in names}
     counts = {n: {} for n in names}
     for r in range(rounds):
         for n in (names[k] for k in turn_order(len(names), r)):
-            before = dict(GRAPHS.stats)
+            before = launch_counts()
             if collector_off:
                 gc.disable()
             try:
                 times = hold(fns[n], TURN_S, cuda=ON_GPU)
             finally:
                 gc.enable()
-            after = dict(GRAPHS.stats)
-            for k in after.keys() | before.keys():
-                counts[n][k] = counts[n].get(k, 0) + after.get(k, 0) - before.get(k, 0)
+            add_changes(counts[n], before, launch_counts())
             calls[n].append(times)
             medians[n].append(statistics.median(settled(times)))
     return {n: (statistics.median(medians[n]), calls[n], counts[n]) for n in names}
