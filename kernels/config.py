@@ -281,6 +281,21 @@ class GemmConfig:
         )
 
 
+def parse_fields(text: str) -> dict:
+    """'l2_prefetch=1,dact_prefetch=2' -> GemmConfig field overrides, typed like the fields (for
+    `bench configs --also` and `warmup --also`). ValueError names what is not FIELD=VALUE."""
+    types = {f.name: f.type for f in dataclasses.fields(GemmConfig)}
+    out = {}
+    for item in text.split(","):
+        key, _, value = item.partition("=")
+        if key not in types or not value:
+            raise ValueError(f"{text!r}: {item!r} is not FIELD=VALUE with a GemmConfig field ({', '.join(types)})")
+        kind = types[key]
+        out[key] = value == "1" or value.lower() == "true" if kind in (bool, "bool") else (
+            int(value) if kind in (int, "int") else value)
+    return out
+
+
 def is_big(m: int, n: int, num_sms: int = DEFAULT_NUM_SMS) -> bool:
     """Two or more waves of 128x256 tiles: every GEMM of an MLP at T=8192."""
     return -(-m // 128) * -(-n // 256) >= 2 * num_sms

@@ -9,6 +9,9 @@ recompute's plain fc1 replay, fc2, the dact GEMM, dx, and both wgrads (fp32 accu
 store), and exports each to ``$PARALLEL_MLP_CACHE_DIR`` (default ``~/.cache/parallel_mlp``). Run
 it once on the GPU host (or any machine with the same DSL) before timing or training, so no step
 pays for compiling; a kernel it did not foresee is still compiled on first use.
+``--also FIELD=VALUE[,...]`` (repeatable) adds each kernel again with those GemmConfig fields
+replaced, as ``bench configs --also`` times it, so that command's extra columns compile here in
+parallel instead of one by one inside the timing run.
 Shape-independent: a kernel serves every problem size of its layout and config, so only the
 configs the shapes select matter (``python -m parallel_mlp.bench sweep`` compiles its whole
 grid's this way, through ``compile_keys``).
@@ -17,6 +20,7 @@ grid's this way, through ``compile_keys``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -25,7 +29,7 @@ from concurrent.futures import ProcessPoolExecutor
 from parallel_mlp.activations import get_activation
 
 from .compile import KernelKey
-from .config import DEFAULT_NUM_SMS, default_config
+from .config import DEFAULT_NUM_SMS, default_config, parse_fields
 from .epilogue_spec import EpilogueSpec
 
 
@@ -57,6 +61,11 @@ def mlp_keys(tokens, d, h, act, dtype="bfloat16", d_out=None, bias=False, num_sm
         # a 16-bit .grad accumulated in place: computed in fp32, then added
         keys.append(KernelKey(EpilogueSpec("store"), cfg(m, n, T), dtype, "col", "col", "float32"))
     return list(dict.fromkeys(keys))
+
+
+def with_fields(key: KernelKey, fields: dict) -> KernelKey:
+    """``key`` at its config with these GemmConfig fields replaced."""
+    return dataclasses.replace(key, config=dataclasses.replace(key.config, **fields))
 
 
 def _build(key: KernelKey):
@@ -115,8 +124,14 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     p.add_argument("--bias", action="store_true")
     p.add_argument("--num-sms", type=int, default=None, help="default: the current GPU's, else 132")
+    p.add_argument("--also", action="append", default=[], metavar="FIELD=VALUE[,FIELD=VALUE]",
+                   help="also compile every kernel with these GemmConfig fields replaced (repeatable)")
     p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
     args = p.parse_args(argv)
+    try:
+        variants = [parse_fields(a) for a in args.also]
+    except ValueError as e:
+        p.error(f"--also {e}")
     sms = args.num_sms
     if sms is None:
         try:
@@ -135,6 +150,13 @@ def main(argv=None) -> int:
     keys = []
     for T, d, h, act in shapes:
         keys += mlp_keys(T, d, h, act, args.dtype, args.d_out, args.bias, sms)
+    base = list(keys)
+    for fields in variants:
+        for k in base:
+            try:
+                keys.append(with_fields(k, fields))
+            except ValueError as e:  # a field value that config refuses (e.g. stream-K on a pingpong GEMM)
+                print(f"skip {k.name}: {e}")
     keys = list(dict.fromkeys(keys))
     t0 = time.time()
     results = compile_keys(keys, args.jobs)

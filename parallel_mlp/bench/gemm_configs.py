@@ -198,19 +198,13 @@ def _runnable(fn):
 
 
 def _parse_fields(text: str) -> dict:
-    """'l2_prefetch=1,dact_prefetch=2' -> GemmConfig field overrides, typed like the fields."""
-    from ..kernels.config import GemmConfig
+    """`--also` text -> GemmConfig field overrides; what is not FIELD=VALUE stops the command."""
+    from ..kernels.config import parse_fields
 
-    types = {f.name: f.type for f in dataclasses.fields(GemmConfig)}
-    out = {}
-    for item in text.split(","):
-        key, _, value = item.partition("=")
-        if key not in types or not value:
-            raise SystemExit(f"--also {text!r}: {item!r} is not FIELD=VALUE with a GemmConfig field ({', '.join(types)})")
-        kind = types[key]
-        out[key] = value == "1" or value.lower() == "true" if kind in (bool, "bool") else (
-            int(value) if kind in (int, "int") else value)
-    return out
+    try:
+        return parse_fields(text)
+    except ValueError as e:
+        raise SystemExit(f"--also {e}") from None
 
 
 def _label(fields: dict) -> str:

@@ -52,3 +52,32 @@ def test_shapes_compile_the_union_of_their_keys(monkeypatch):
                         "--num-sms", "132"]) == 0
     expected = warmup.mlp_keys(8192, 4096, 7168, "swiglu") + warmup.mlp_keys(512, 1024, 4096, "relu")
     assert compiled == list(dict.fromkeys(expected))
+
+
+def test_also_adds_each_kernel_with_the_fields_replaced(monkeypatch, capsys):
+    import dataclasses
+
+    from parallel_mlp.kernels import warmup
+
+    compiled = []
+    monkeypatch.setattr(warmup, "compile_keys",
+                        lambda keys, jobs: compiled.extend(keys) or [(True, 0.0, "")] * len(keys))
+    assert warmup.main(["--shapes", "8192:4096:14336:swiglu", "--num-sms", "132",
+                        "--also", "max_stages=4", "--also", "dact_prefetch=3"]) == 0
+    base = warmup.mlp_keys(8192, 4096, 14336, "swiglu")
+    four = [dataclasses.replace(k, config=dataclasses.replace(k.config, max_stages=4)) for k in base]
+    assert compiled[: len(base)] == base and set(four) <= set(compiled)
+    assert all(k.config.max_stages == 4 for k in four) and four[0] not in base
+    # pingpong GEMMs refuse three preact slots a warpgroup: skipped with a line saying why,
+    # the cooperative ones compiled with it
+    out = capsys.readouterr().out
+    assert "skip " in out and "dact_prefetch=3" in out
+    assert any(k.config.dact_prefetch == 3 for k in compiled)
+
+
+def test_also_refuses_what_is_not_a_config_field(capsys):
+    from parallel_mlp.kernels.warmup import main
+
+    with pytest.raises(SystemExit):
+        main(["--shapes", "8192:4096:14336:swiglu", "--also", "tile=128"])
+    assert "--also 'tile=128': 'tile=128' is not FIELD=VALUE" in capsys.readouterr().err
