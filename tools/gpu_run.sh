@@ -130,6 +130,9 @@
 #     ncu_smem       ncu's shared-memory wavefronts, bank conflicts and stall latencies of the same
 #                    cases: how many wavefronts the dact epilogue's preact loads and dpreact stores
 #                    take, with the pair swap and without, cooperative 128x128 and pingpong 128x192
+#     ncu_vs_quack   tools/ncu_vs_quack.py under ncu: one step of ours and one of quack's MLP at
+#                    T=8192 d=8192 gelu h=8192 and the headline, each GEMM's instructions, shared-memory
+#                    stores and bank conflicts, DRAM bytes and warp stalls, ours beside quack's
 #   bash tools/gpu_run.sh --list          print the commands, run nothing
 #
 # Each step runs under `timeout` and appends to $OUT/<step>.txt; a failing step does not stop
@@ -185,9 +188,10 @@ declare -A CMD=(
   [full]="timeout 570 $BENCH --budget-s 420 --json $OUT/bench.json --png $OUT/bench.png"
   [ncu]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 5 --launch-count 5 --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis $BENCH ncu-cases"
   [ncu_smem]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 6 --launch-count 6 --metrics l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum,smsp__inst_executed_op_shared_ld.sum,smsp__inst_executed_op_shared_st.sum,smsp__inst_executed_op_global_ld.sum,smsp__average_warp_latency_issue_stalled_long_scoreboard.ratio,smsp__average_warp_latency_issue_stalled_barrier.ratio,smsp__average_warp_latency_issue_stalled_wait.ratio $BENCH ncu-cases --short-k-dact"
+  [ncu_vs_quack]="timeout 100 python3 -m parallel_mlp.kernels.warmup --shapes 8192:8192:8192:gelu_tanh_approx,8192:4096:14336:swiglu -j 16; timeout 420 ncu --clock-control none --profile-from-start off --kernel-name regex:kernel_cutlass --section SpeedOfLight --section WarpStateStats --section InstructionStats --metrics l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum,smsp__inst_executed_op_shared_ld.sum,smsp__inst_executed_op_shared_st.sum,dram__bytes_read.sum,dram__bytes_write.sum python3 tools/ncu_vs_quack.py"
   [ncu_dact]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 6 --launch-count 6 --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section Occupancy --section ComputeWorkloadAnalysis --section InstructionStats $BENCH ncu-cases --short-k-dact"
 )
-ORDER=(tests_kernels tests_layer tests_defaults tests_all streamk streamk_fill configs_small configs_wave configs_mid configs_long_k configs_dact configs_swap configs_ring plain_gemms plain_gemms_host gemm mlp sweep sweep_ceiling sweep_plain_launches sweep_below_eager sweep_small sweep_graphed tp tp_sp profile launch_graphs launch_keys held_turns kernels_vs_quack graph_memory memory_trace small_step_variants host_paths timing_spread host_step host_stages host_env host_phases cold clock full ncu ncu_dact ncu_smem)
+ORDER=(tests_kernels tests_layer tests_defaults tests_all streamk streamk_fill configs_small configs_wave configs_mid configs_long_k configs_dact configs_swap configs_ring plain_gemms plain_gemms_host gemm mlp sweep sweep_ceiling sweep_plain_launches sweep_below_eager sweep_small sweep_graphed tp tp_sp profile launch_graphs launch_keys held_turns kernels_vs_quack graph_memory memory_trace small_step_variants host_paths timing_spread host_step host_stages host_env host_phases cold clock full ncu ncu_dact ncu_smem ncu_vs_quack)
 
 steps=("$@")
 if [ ${#steps[@]} -eq 0 ]; then
