@@ -182,9 +182,16 @@ class GemmConfig:
     # and write dpreact at the accumulator pair next door, 2 wavefronts per warp access instead
     # of 4 (PersistentGemmSm90._pair_swap; kernels/NOTES.md, "dact"). Off only to measure it.
     dact_pair_swap: bool = True
+    # Rasterization (tile_scheduler.work_at), after raster_group: "n": the groups are raster_group
+    # cluster columns, walked columns first, then down M; "m": raster_group cluster rows, walked
+    # rows first, then across N (the A rows of a group stay in L2 while B streams past).
+    raster_along: str = "n"
+    # Every other group walks its long side from the far end, so each group starts on the A rows
+    # (or B columns) that the one before it ended on.
+    serpentine: bool = False
 
     def __post_init__(self):
-        for name in ("l2_prefetch", "stream_k", "dact_pair_swap"):
+        for name in ("l2_prefetch", "stream_k", "dact_pair_swap", "serpentine"):
             # a string such as "no" would otherwise switch the option on without a word
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be True or False")
@@ -247,6 +254,8 @@ class GemmConfig:
             )
         if self.stream_k and self.tile_m > 128:
             raise ValueError(f"stream_k=True with tile_m={self.tile_m}: stream-K tiles have at most 128 rows")
+        if self.raster_along not in ("m", "n"):
+            raise ValueError(f"raster_along={self.raster_along!r}: must be 'm' or 'n'")
         if self.cache_hints not in CACHE_HINTS:
             raise ValueError(f"cache_hints={self.cache_hints!r}: must be one of {sorted(CACHE_HINTS)}")
         if self.epi_n not in (16, 32):
@@ -275,6 +284,8 @@ class GemmConfig:
         st += "" if self.cache_hints == "normal" else f"_l2{self.cache_hints}"
         st += "_sk" if self.stream_k else ""
         st += "" if self.dact_pair_swap else "_nops"
+        st += "" if self.raster_along == "n" else "_rm"
+        st += "_sp" if self.serpentine else ""
         return (
             f"t{self.tile_m}x{self.tile_n}_c{self.cluster_m}x{self.cluster_n}"
             f"_g{self.raster_group}_sm{self.num_sms}{sched}{cons}{pf}{l2}{st}"

@@ -278,7 +278,9 @@ class PersistentGemmSm90:
             (n_size + self.tile_shape_mnk[1] - 1) // self.tile_shape_mnk[1],
             1,
         )
-        sched_params = tile_scheduler.make_params(tiles_mnl, self.cluster_shape_mn, self.cfg.raster_group)
+        sched_params = tile_scheduler.make_params(
+            tiles_mnl, self.cluster_shape_mn, self.cfg.raster_group, self.cfg.raster_along, self.cfg.serpentine
+        )
         k_blocks = None
         if cutlass.const_expr(self.stream_k):
             k_blocks = (cute.size(mA, mode=[1]) + self.tile_shape_mnk[2] - 1) // self.tile_shape_mnk[2]

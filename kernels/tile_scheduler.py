@@ -2,10 +2,12 @@
 
 The grid has one CTA (cluster) per SM at most, and never more clusters than output tile clusters.
 Tile *indices* map to output tiles by a grouped ("swizzled") rasterization: clusters are taken
-`raster_group` columns at a time, walking down M inside a group, so the A and B tiles that
-neighbouring SMs load at the same time overlap and stay in L2; a last group narrower than
-`raster_group` stays narrow, so every index names a real tile (no padding). Both schedulers share
-that mapping (`work_at`); they differ only in which indices a CTA walks.
+`raster_group` columns at a time, walking down M inside a group (or, with `raster_along="m"`,
+`raster_group` rows at a time, walking across N), so the A and B tiles that neighbouring SMs load
+at the same time overlap and stay in L2; a last group narrower than `raster_group` stays narrow,
+so every index names a real tile (no padding). With `serpentine`, every other group walks its
+long side backwards, so a group starts where the one before it ended. Both schedulers share that
+mapping (`work_at`); they differ only in which indices a CTA walks.
 
 Static: CTA c walks c, c + grid, c + 2 * grid, ... The producer warp and the consumer warpgroups
 each own a scheduler and advance them in lock step, so they agree on the tile sequence without
@@ -38,14 +40,17 @@ SCHED_STAGES = 4
 
 class RasterParams:
     """What both schedulers need on the device: the problem's size in clusters (dynamic), the
-    cluster shape and the rasterization group (compile-time). Passed into the kernel as one
-    argument; only the two cluster counts travel as runtime values."""
+    cluster shape and the rasterization (group, along, serpentine: compile-time). Passed into the
+    kernel as one argument; only the two cluster counts travel as runtime values."""
 
-    def __init__(self, clusters_m, clusters_n, cluster_shape_mn, group: int):
+    def __init__(self, clusters_m, clusters_n, cluster_shape_mn, group: int, along: str = "n",
+                 serpentine: bool = False):
         self.clusters_m = clusters_m
         self.clusters_n = clusters_n
         self.cluster_shape_mn = tuple(cluster_shape_mn)
         self.group = group
+        self.along = along
+        self.serpentine = serpentine
 
     def __extract_mlir_values__(self):
         return extract_mlir_values(self.clusters_m) + extract_mlir_values(self.clusters_n)
@@ -54,15 +59,17 @@ class RasterParams:
         return RasterParams(
             new_from_mlir_values(self.clusters_m, values[:1]),
             new_from_mlir_values(self.clusters_n, values[1:2]),
-            self.cluster_shape_mn, self.group,
+            self.cluster_shape_mn, self.group, self.along, self.serpentine,
         )
 
 
-def make_params(tiles_mnl, cluster_shape_mn, raster_group: int) -> RasterParams:
+def make_params(tiles_mnl, cluster_shape_mn, raster_group: int, along: str = "n",
+                serpentine: bool = False) -> RasterParams:
     """Host side: scheduler parameters for a grid of (tiles_m, tiles_n, 1) output tiles."""
     cm, cn = cluster_shape_mn
     return RasterParams(
-        Int32((tiles_mnl[0] + cm - 1) // cm), Int32((tiles_mnl[1] + cn - 1) // cn), cluster_shape_mn, raster_group
+        Int32((tiles_mnl[0] + cm - 1) // cm), Int32((tiles_mnl[1] + cn - 1) // cn), cluster_shape_mn, raster_group,
+        along, serpentine,
     )
 
 
@@ -92,33 +99,51 @@ def work_at(params: RasterParams, linear_idx: Int32, cta_in_cluster=(0, 0)):
     """The output tile of cluster-linear index `linear_idx`, as a WorkTileInfo (tile_idx (m, n, 0),
     is_valid_tile = index < number of clusters).
 
-    Grouped rasterization without padding: the cluster columns are cut into groups of
-    `params.group`; inside a group the index walks the group's columns fastest, then down M, so
-    the clusters that run at the same time share A row blocks and B column blocks in L2. When the
-    column count is not a multiple of the group, the last group is simply narrower: every index
-    below clusters_m * clusters_n is a real tile (the DSL's own grouped scheduler rounds the
-    columns up instead, and runs the padding indices as fully out-of-bounds tiles: 14% extra at
-    N = 7168 with 256-wide tiles).
+    Grouped rasterization without padding: the cluster columns (`along="n"`; rows with "m") are
+    cut into groups of `params.group`; inside a group the index walks the group's columns fastest,
+    then down M (rows fastest, then across N), so the clusters that run at the same time share A
+    row blocks and B column blocks in L2. When the count is not a multiple of the group, the last
+    group is simply narrower: every index below clusters_m * clusters_n is a real tile (the DSL's
+    own grouped scheduler rounds the columns up instead, and runs the padding indices as fully
+    out-of-bounds tiles: 14% extra at N = 7168 with 256-wide tiles). With `serpentine`, odd
+    groups walk the long side from its far end.
     """
     g = params.group
     mc = params.clusters_m
     nc = params.clusters_n
-    full_cols = (nc // g) * g
-    split = mc * full_cols  # indices below this fall in full-width groups
+    fast = nc
+    slow = mc
+    if cutlass.const_expr(params.along == "m"):
+        fast = mc
+        slow = nc
+    full = (fast // g) * g
+    split = slow * full  # indices below this fall in full-width groups
     width = Int32(g)
-    col0 = Int32(0)
+    first = Int32(0)
+    group_idx = linear_idx // (slow * g)
     r = linear_idx
     if linear_idx < split:
-        col0 = (linear_idx // (mc * g)) * g
-        r = linear_idx % (mc * g)
+        first = group_idx * g
+        r = linear_idx % (slow * g)
     else:
         # The narrow last group; max(., 1) keeps the (unused) division defined when there is none.
-        width = cutlass.max(nc - full_cols, Int32(1))
-        col0 = full_cols
+        width = cutlass.max(fast - full, Int32(1))
+        first = full
         r = linear_idx - split
+        group_idx = fast // g
+    along_slow = r // width
+    if cutlass.const_expr(params.serpentine):
+        if group_idx % 2 == 1:
+            along_slow = slow - 1 - along_slow
+    along_fast = first + r % width
+    m_cluster = along_slow
+    n_cluster = along_fast
+    if cutlass.const_expr(params.along == "m"):
+        m_cluster = along_fast
+        n_cluster = along_slow
     cm, cn = params.cluster_shape_mn
-    m = (r // width) * cm + cta_in_cluster[0]
-    n = (col0 + r % width) * cn + cta_in_cluster[1]
+    m = m_cluster * cm + cta_in_cluster[0]
+    n = n_cluster * cn + cta_in_cluster[1]
     valid = linear_idx < mc * nc
     return utils.WorkTileInfo(
         (cute.arch.make_warp_uniform(m), cute.arch.make_warp_uniform(n), Int32(0)),

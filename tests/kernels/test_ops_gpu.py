@@ -426,15 +426,17 @@ def test_dynamic_scheduler_cuda_graph():
 # Tile columns 1, 7, 8, 9 and 29 (with 128-wide tiles) around the rasterization group of 8, an
 # odd number of tile rows with an M tail, and every cluster shape: the grouped rasterization must
 # name each output tile exactly once (a missed tile leaves the NaN poison, a repeated one adds
-# twice into the accumulator), and the grid must never exceed the number of tiles.
+# twice into the accumulator), and the grid must never exceed the number of tiles. Groups of
+# columns or of rows (raster_along), each with and without the serpentine walk.
+@pytest.mark.parametrize("raster", [("n", False), ("n", True), ("m", False), ("m", True)])
 @pytest.mark.parametrize("cluster", [(1, 1), (2, 1), (1, 2)])
 @pytest.mark.parametrize("group", [8, 3])
 @pytest.mark.parametrize("n", [128, 7 * 128 - 8, 8 * 128, 9 * 128, 29 * 128 + 64])
-def test_rasterization_covers_every_tile_once(n, group, cluster):
+def test_rasterization_covers_every_tile_once(n, group, cluster, raster):
     from parallel_mlp.kernels import ops
     from parallel_mlp.kernels.config import GemmConfig
 
-    cfg = GemmConfig(128, 128, *cluster, group)
+    cfg = GemmConfig(128, 128, *cluster, group, raster_along=raster[0], serpentine=raster[1])
     m, k = 4 * 128 + 17, 256  # 5 tile rows: the last 2x1 pair's second CTA has no rows
     a = operand(m, k, "row", torch.bfloat16, k ** -0.5)
     b = operand(k, n, "row", torch.bfloat16)

@@ -304,3 +304,26 @@ def test_gemms_below_two_wide_waves_take_128x192_where_it_runs_fewer_waves():
     assert wave_columns(cfg, 512, 5632) == 256
     assert wave_columns(dataclasses.replace(cfg, tile_n=192), 512, 5632) == 192 <= WIDE_WAVES_MAX_SHARE * 256
     assert with_fewer_waves(cfg, 512, 5632, UNDERFILLED_STREAM_K_MIN_K) == cfg
+
+
+def test_raster_options_validation_and_key():
+    assert (GemmConfig().raster_along, GemmConfig().serpentine) == ("n", False)
+    assert GemmConfig(128, 128, raster_along="m").key == "t128x128_c1x1_g8_sm132_rm"
+    assert GemmConfig(128, 128, serpentine=True).key == "t128x128_c1x1_g8_sm132_sp"
+    assert GemmConfig(128, 128, raster_along="m", serpentine=True).key.endswith("_rm_sp")
+    with pytest.raises(ValueError, match="raster_along='k': must be 'm' or 'n'"):
+        GemmConfig(raster_along="k")
+    with pytest.raises(ValueError, match="serpentine='yes': must be True or False"):
+        GemmConfig(serpentine="yes")
+
+
+@pytest.mark.parametrize("along,serpentine", [("m", False), ("n", True), ("m", True)])
+def test_raster_options_compile_for_sm90(along, serpentine, monkeypatch):
+    """Each raster walk traces and compiles (CPU, no GPU): pingpong and cooperative, 2x1."""
+    pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
+    from parallel_mlp.kernels.compile import compile_kernel
+
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    for cfg in (GemmConfig(128, 192, 2, 1, 16, consumers="pingpong", raster_along=along, serpentine=serpentine),
+                GemmConfig(128, 256, 2, 1, 16, raster_along=along, serpentine=serpentine)):
+        compile_kernel(KernelKey(EpilogueSpec("store"), cfg, "bfloat16", "row", "row", "bfloat16"))
