@@ -57,6 +57,40 @@ def test_selfcheck_compiles_pingpong_variants():
         assert quick or {(64, 128), (64, 64), (128, 160), (128, 192), (192, 128)} <= tiles
 
 
+def raster(cfg):
+    return cfg.raster_group, cfg.raster_along, cfg.serpentine
+
+
+def expected_raster(m, n, tile_n=192):
+    """128-row tiles in 2x1 clusters: groups of 8 cluster rows, serpentine, where the tile
+    columns outnumber the cluster rows (fc1 and dy@W2 at T=8192); else groups of 16 columns."""
+    return (8, "m", True) if -(-n // tile_n) > -(-m // 256) else (16, "n", False)
+
+
+def test_big_pingpong_gemms_walk_rows_where_columns_outnumber_them():
+    from parallel_mlp.kernels.config import ALONG_M_RASTER_GROUP, GemmConfig, default_config, with_raster
+
+    assert ALONG_M_RASTER_GROUP == 8
+    headline = {  # T=8192 d=4096 swiglu h=14336: (m, n, k) of fc1 + act, fc2, the dact, dx
+        "fc1": (8192, 28672, 4096), "fc2": (8192, 4096, 14336), "dact": (8192, 14336, 4096),
+        "dx": (8192, 4096, 28672)}
+    kinds = {"fc1": "act", "fc2": "store", "dact": "dact", "dx": "store"}
+    picks = {name: default_config(*mnk, 132, kinds[name]) for name, mnk in headline.items()}
+    assert raster(picks["fc1"]) == raster(picks["dact"]) == (8, "m", True)
+    assert raster(picks["fc2"]) == raster(picks["dx"]) == (16, "n", False)  # 22 columns, 32 rows
+    # the count is of cluster rows: 32 columns against 32 rows of 2x1 clusters stays as it is,
+    # 33 columns walk rows
+    cfg = GemmConfig(128, 192, 2, 1, 16, consumers="pingpong")
+    assert with_raster(cfg, 8192, 32 * 192) is cfg
+    assert raster(with_raster(cfg, 8192, 32 * 192 + 1)) == (8, "m", True)
+    assert with_raster(cfg, 8192, 32 * 192 + 1).key == "t128x192_c2x1_g8_sm132_pingpong_rm_sp"
+    # cooperative whole tiles alike (dW2 at the headline); stream-K keeps its column groups
+    dw2 = default_config(4096, 14336, 8192, 132, "accumulate")
+    assert (dw2.consumers, dw2.tile_n, dw2.stream_k, raster(dw2)) == ("cooperative", 256, False, (8, "m", True))
+    sk = GemmConfig(128, 256, 2, 1, 16, stream_k=True)
+    assert with_raster(sk, 4096, 14336) is sk
+
+
 def test_default_config_is_pingpong_at_big_shapes():
     from parallel_mlp.kernels.config import SHORT_K_DACT_MAX_K, default_config
 
@@ -65,7 +99,8 @@ def test_default_config_is_pingpong_at_big_shapes():
             if kind == "dact" and k <= SHORT_K_DACT_MAX_K:  # the short-K dact rule (below)
                 continue
             cfg = default_config(m, n, k, 132, kind)
-            assert (cfg.consumers, cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.raster_group) == ("pingpong", 128, 192, 2, 16)
+            assert (cfg.consumers, cfg.tile_m, cfg.tile_n, cfg.cluster_m) == ("pingpong", 128, 192, 2)
+            assert raster(cfg) == expected_raster(m, n), (m, n, kind)
             assert cfg.l2_prefetch == (kind == "accumulate")
             # the dact alone takes the two-slot preact ring, with 16-column subtiles for 5 stages
             assert (cfg.dact_prefetch, cfg.epi_n) == ((2, 16) if kind == "dact" else (1, 32))
@@ -89,8 +124,10 @@ def test_default_config_is_cooperative_128x256_at_long_k():
                     (28672, 4096, 8192), (8192, 4096, COOPERATIVE_MIN_K)]:
         for kind in ("store", "accumulate", "act"):
             cfg = default_config(m, n, k, 132, kind)
-            assert (cfg.consumers, cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.raster_group) == \
-                ("cooperative", 128, 256, 2, 16), (m, n, k, kind)
+            assert (cfg.consumers, cfg.tile_m, cfg.tile_n, cfg.cluster_m) == \
+                ("cooperative", 128, 256, 2), (m, n, k, kind)
+            # dW2 at T=8192 d=4096 h=14336 (56 columns, 16 cluster rows) walks rows
+            assert raster(cfg) == expected_raster(m, n, 256), (m, n, k, kind)
             assert cfg.l2_prefetch == (kind == "accumulate")
         dact = default_config(m, n, k, 132, "dact")
         assert (dact.consumers, dact.tile_n, dact.dact_prefetch) == ("pingpong", 192, 2)
@@ -115,8 +152,8 @@ def test_long_k_takes_pingpong_where_its_waves_fill_the_grid_as_well():
         picks = {kind: default_config(m, n, k, 132, kind) for kind in ("store", "act", "accumulate")}
         want = ("pingpong", 192) if (m, n, k) in flipped else ("cooperative", 256)
         for kind, cfg in picks.items():
-            assert (cfg.consumers, cfg.tile_n, cfg.cluster_m, cfg.raster_group) == (*want, 2, 16), \
-                (m, n, k, kind)
+            assert (cfg.consumers, cfg.tile_n, cfg.cluster_m) == (*want, 2), (m, n, k, kind)
+            assert raster(cfg) == expected_raster(m, n, want[1]), (m, n, k, kind)
             assert cfg.l2_prefetch == (kind == "accumulate")
     assert wave_columns(default_config(8192, 8192, 8192, 132, "store"), 8192, 8192) == 192 * 21
     assert wave_columns(GemmConfig(128, 256, 2, 1, 16), 8192, 8192) == 256 * 16
