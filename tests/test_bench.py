@@ -590,6 +590,28 @@ def test_fused_and_eager_hold_one_function_and_the_sweeps_input_sets(act):
     assert more["ours recompute"].recompute
 
 
+@pytest.mark.parametrize("act", ["swiglu", "gelu_tanh_approx"])
+def test_ours_and_quack_share_the_weights_and_one_input_set(act, monkeypatch):
+    """The quack tools' pair: ours on backend auto, and quack's MLP built from ours's very
+    weights (quack stood in for on CPU), with the probes' first input set."""
+    from parallel_mlp import ParallelMLP
+    from parallel_mlp.bench import quack_baseline
+    from parallel_mlp.bench.models import fused_and_eager, ours_and_quack
+
+    given = {}
+    monkeypatch.setattr(quack_baseline, "build",
+                        lambda w1, w2, a, h: given.update(w1=w1, w2=w2, act=a, h=h) or "quack")
+    runs, x, dy = ours_and_quack((6, 8, 4, act), device="cpu")
+    assert list(runs) == ["ours", "quack"] and runs["quack"] == "quack"
+    ours = runs["ours"]
+    assert type(ours) is ParallelMLP and ours.backend == "auto"
+    assert torch.equal(given["w1"], ours.fc1.weight) and torch.equal(given["w2"], ours.fc2.weight)
+    assert (given["act"], given["h"]) == (act, 4)
+    models, inputs = fused_and_eager((6, 8, 4, act), 1, device="cpu")
+    assert torch.equal(x, inputs[0][0]) and torch.equal(dy, inputs[0][1]) and x.requires_grad
+    torch.testing.assert_close(ours(x), models["eager"](x))
+
+
 def test_time_held_counts_each_fns_turns_when_asked():
     """With Ctx.turn_counts, each fn's result holds what the counts moved by over its own timed
     turns (warm-up calls excluded), per turn; without it, no such key."""

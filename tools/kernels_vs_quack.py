@@ -24,7 +24,7 @@ import torch
 
 from parallel_mlp.bench import quack_baseline
 from parallel_mlp.bench.host_overhead import parse_shape
-from parallel_mlp.bench.models import build_parallel_mlp, fused_and_eager, train_step
+from parallel_mlp.bench.models import ours_and_quack, train_step
 import statistics
 
 from parallel_mlp.bench.timing import hold, settled, turn_order
@@ -61,14 +61,7 @@ def short(name: str) -> str:
 
 def probe(shape, rounds: int) -> None:
     tokens, d, h, act = shape
-    models, inputs = fused_and_eager(shape, 1)
-    ours = models["ours"]
-    w1, w2 = ours.fc1.weight.detach(), ours.fc2.weight.detach()
-    from parallel_mlp import ParallelMLP
-
-    runs = {"ours": build_parallel_mlp(w1, w2, act, h, cls=ParallelMLP, backend="auto"),
-            "quack": quack_baseline.build(w1, w2, act, h)}
-    x, dy = inputs[0]
+    runs, x, dy = ours_and_quack(shape)
     fns = {name: (lambda i, m=m: train_step(m, x, dy)) for name, m in runs.items()}
     for fn in fns.values():
         for i in range(3):

@@ -6,7 +6,8 @@ stores and their bank conflicts, DRAM bytes, warp stalls).
         --section SpeedOfLight --section WarpStateStats --section InstructionStats \
         python3 tools/ncu_vs_quack.py [--shape T,d,h,act ...]
 
-Both models are built on the same weights as ``tools/kernels_vs_quack.py`` builds them and run
+Both models are built on the same weights as ``tools/kernels_vs_quack.py`` builds them
+(``bench.models.ours_and_quack``) and run
 three warm steps first (compiles, autotuning, caches), so the profiled range holds exactly one
 step of each: ours first, then quack's, shape by shape (`gpu_run.sh ncu_vs_quack`). Each
 ``--also FIELD=VALUE[,...]`` then adds our fc1 + activation and dact GEMMs once more, launched
@@ -22,7 +23,7 @@ import torch
 
 from parallel_mlp.bench import quack_baseline
 from parallel_mlp.bench.host_overhead import parse_shape
-from parallel_mlp.bench.models import build_parallel_mlp, fused_and_eager, train_step
+from parallel_mlp.bench.models import ours_and_quack, train_step
 from parallel_mlp.kernels.config import parse_fields
 
 SHAPES = [(8192, 8192, 8192, "gelu_tanh_approx"), (8192, 4096, 14336, "swiglu")]
@@ -56,19 +57,14 @@ def epilogue_gemms(w1, w2, act, x, dy, fields: dict) -> None:
 
 def profile_shape(shape, variants=()) -> None:
     tokens, d, h, act = shape
-    models, inputs = fused_and_eager(shape, 1)
-    w1, w2 = models["ours"].fc1.weight.detach(), models["ours"].fc2.weight.detach()
-    from parallel_mlp import ParallelMLP
-
-    runs = {"ours": build_parallel_mlp(w1, w2, act, h, cls=ParallelMLP, backend="auto"),
-            "quack": quack_baseline.build(w1, w2, act, h)}
-    x, dy = inputs[0]
+    runs, x, dy = ours_and_quack(shape)
     for model in runs.values():
         for _ in range(3):
             train_step(model, x, dy)
     torch.cuda.synchronize()
     for name, model in runs.items():
         profiled(f"{name}, T={tokens} d={d} h={h} {act}", lambda m=model: train_step(m, x, dy))
+    w1, w2 = runs["ours"].fc1.weight.detach(), runs["ours"].fc2.weight.detach()
     for fields in variants:
         epilogue_gemms(w1, w2, act, x, dy, fields)
 

@@ -203,6 +203,21 @@ def fused_and_eager(shape: tuple[int, int, int, str], input_sets: int = 4,
     return models, inputs
 
 
+def ours_and_quack(shape: tuple[int, int, int, str], device="cuda"):
+    """({"ours": ParallelMLP(backend="auto"), "quack": quack's MLP}, x, dy) on the weights and
+    first input set of ``fused_and_eager(shape, 1)``: what the tools that set our kernels beside
+    quack's run (tools/kernels_vs_quack.py, tools/ncu_vs_quack.py)."""
+    from . import quack_baseline
+
+    models, inputs = fused_and_eager(shape, 1, device=device)
+    w1, w2 = models["ours"].fc1.weight.detach(), models["ours"].fc2.weight.detach()
+    act, h = shape[3], shape[2]
+    runs = {"ours": build_parallel_mlp(w1, w2, act, h, cls=ParallelMLP, backend="auto"),
+            "quack": quack_baseline.build(w1, w2, act, h)}
+    x, dy = inputs[0]
+    return runs, x, dy
+
+
 # Each timed model's parameters, listed at its first step, as an optimizer lists them once.
 _PARAMETERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
