@@ -396,6 +396,12 @@ def test_shape_probes_need_a_gpu_and_refuse_bad_shapes(name, capsys):
     assert "--shape must be T,d,h,activation" in capsys.readouterr().err
 
 
+def test_ncu_vs_quack_refuses_an_also_that_is_not_a_config_field(capsys):
+    with pytest.raises(SystemExit):
+        _tool("ncu_vs_quack").main(["--also", "raster=8"])
+    assert "--also 'raster=8': 'raster=8' is not FIELD=VALUE with a GemmConfig field" in capsys.readouterr().err
+
+
 def test_launch_key_churn_needs_a_window_of_steps(capsys):
     with pytest.raises(SystemExit):
         _tool("launch_key_churn").main(["--steps", "99"])
