@@ -313,9 +313,8 @@ def is_big(m: int, n: int, num_sms: int = DEFAULT_NUM_SMS) -> bool:
 
 
 def big_pingpong_config(m: int, n: int, num_sms: int = DEFAULT_NUM_SMS, kind: str = "store") -> GemmConfig:
-    """The pingpong config of a big GEMM (``is_big``): 2x1 cluster, raster group 16 (or groups
-    of 8 cluster rows, ``with_raster``), one warpgroup's epilogue running under the other's
-    mainloop.
+    """The pingpong config of a big GEMM (``is_big``): 2x1 cluster, walking groups of 8 cluster
+    rows (``with_raster``), one warpgroup's epilogue running under the other's mainloop.
 
     Its warpgroup tile is 128x192 (192 accumulators per thread): with the 2x1 cluster, 0.0091
     operand elements read from L2 per MAC against 128x128's 0.0117. At the power cap the time of
@@ -339,34 +338,33 @@ def big_pingpong_config(m: int, n: int, num_sms: int = DEFAULT_NUM_SMS, kind: st
 
     wide, narrow = config(192), config(128)
     if -(-n // 192) * 192 > WIDE_TILE_MAX_PAD * -(-n // 128) * 128:
-        return with_raster(narrow, m, n)
+        return with_raster(narrow)
     if (wave_columns(wide, m, n) / WIDE_TILE_SPEEDUP
             >= NARROW_TILE_MIN_GAIN * wave_columns(narrow, m, n)):
-        return with_raster(narrow, m, n)
-    return with_raster(wide, m, n)
+        return with_raster(narrow)
+    return with_raster(wide)
 
 
-# Big whole-tile GEMMs with more tile columns than cluster rows walk groups of this many cluster
-# rows (raster_along="m", serpentine): a group's A rows stay in L2 while B streams past, instead
-# of 16 columns of B held while A streams. Held 0.5 s x 4 on an H200, 2026-12-04 (bench configs
-# --also raster_along=m,raster_group=8,serpentine=1), ms default -> this: T=8192 d=4096 swiglu
-# h=14336 (pingpong 128x192) fc1 + act 2.886 -> 2.847, plain fc1 2.864 -> 2.826, the dact 1.569
-# -> 1.551, plain dy@W2 1.438 -> 1.426, (cooperative 128x256) dW2 += 1.505 -> 1.488, dW2 in
-# bf16 1.457 -> 1.448; T=8192 d=8192 gelu h=8192 fc1 + act 1.659 -> 1.628, plain fc1 1.632 ->
-# 1.613, the dact 1.684 -> 1.670, plain dy@W2 1.630 -> 1.630. DRAM reads (ncu,
-# tools/ncu_vs_quack.py): the headline's fc1 + act 2.66 -> 2.11 GB, its dact 1.83 -> 1.64 GB.
-# Groups of 4 rows, or 8 or 16 columns with the serpentine walk, did not gain. Where rows
-# outnumber columns the column groups stay: fc2 and dx at the headline ran even either way
-# (1.441 / 1.439, 2.849 / 2.850 ms), dW1 += faster with rows (3.033 -> 2.955), unswept.
-# Stream-K configs keep the column groups (their split of the grid is tested with those).
+# Big whole-tile GEMMs walk groups of this many cluster rows (raster_along="m", serpentine): the
+# A rows of a group stay in L2 while B streams past, where groups of 16 cluster columns held 16
+# panels of B while A streamed (10-20% more DRAM reads than quack's walk, ncu). Held 0.5 s x 4 on
+# an H200, 2026-12-04 (bench configs --also raster_along=...; benchmarks/h200-raster.txt), ms
+# columns -> rows: T=8192 d=4096 swiglu h=14336 fc1 + act 2.886 -> 2.847, plain fc1 2.864 ->
+# 2.826, the dact 1.569 -> 1.551, dW2 += 1.505 -> 1.488, fc2 1.439 -> 1.424, dx 2.850 -> 2.822,
+# dW1 += 3.033 -> 2.955 (2.972 -> 2.968 in another run); T=8192 d=8192 gelu h=8192 fc1 + act
+# 1.659 -> 1.628, the dact 1.684 -> 1.670; T=16384 d=8192 swiglu h=11008 dx 8.845 -> 8.762, dW1 +=
+# 8.782 -> 8.686. Summed over a step's moved GEMMs, rows were faster at seven of eight shapes
+# (0.003-0.198 ms) and 0.020 ms slower at T=65536 d=1024 swiglu h=2816 (fc1 + act 1.172 -> 1.185).
+# DRAM reads (ncu, tools/ncu_vs_quack.py): the headline's fc1 + act 2.66 -> 2.11 GB, its dact
+# 1.83 -> 1.64 GB, quack's. Groups of 4 rows, or 8 or 16 columns with the serpentine walk, did
+# not gain. Stream-K configs keep the column groups (their split of the grid is tested with those).
 ALONG_M_RASTER_GROUP = 8
 
 
-def with_raster(cfg: GemmConfig, m: int, n: int) -> GemmConfig:
-    """``cfg`` walking groups of cluster rows where the output has more tile columns than cluster
-    rows (``ALONG_M_RASTER_GROUP``); else, or under stream-K, as it is."""
-    cluster_rows = -(-m // (cfg.tile_m * cfg.cluster_m))
-    if cfg.stream_k or -(-n // (cfg.tile_n * cfg.cluster_n)) <= cluster_rows:
+def with_raster(cfg: GemmConfig) -> GemmConfig:
+    """``cfg`` walking groups of ``ALONG_M_RASTER_GROUP`` cluster rows, serpentine; under stream-K
+    as it is."""
+    if cfg.stream_k:
         return cfg
     return dataclasses.replace(cfg, raster_along="m", raster_group=ALONG_M_RASTER_GROUP, serpentine=True)
 
@@ -475,8 +473,8 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
     """Pick a config for an (M, N, K) problem and an epilogue kind without timing anything.
 
     Big GEMMs (``is_big``) with K >= COOPERATIVE_MIN_K (fc2, dx and the wgrads of an MLP at
-    T=8192), except the dact: cooperative 128x256, 2x1 cluster, raster group 16 (or groups of 8
-    cluster rows, ``with_raster``, as every big GEMM takes them), unless it runs
+    T=8192), except the dact: cooperative 128x256, 2x1 cluster, walking groups of 8 cluster rows
+    (``with_raster``, as every big whole-tile GEMM does), unless it runs
     whole tiles and pingpong 128x192 takes no more columns of tile time (``wave_columns``: e.g.
     every GEMM of T=8192 d=8192 gelu h=8192, and fc1 at T=16384 d=8192 swiglu h=11008).
 
@@ -529,10 +527,10 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
         if k >= COOPERATIVE_MIN_K:
             if (cooperative.stream_k or pingpong.tile_n != 192
                     or wave_columns(cooperative, m, n) < wave_columns(pingpong, m, n)):
-                return with_raster(cooperative, m, n)
+                return with_raster(cooperative)
         elif (k >= NARROW_COOPERATIVE_MIN_K and kind != "accumulate" and pingpong.tile_n == 128
               and wave_columns(cooperative, m, n) <= wave_columns(pingpong, m, n)):
-            return with_raster(cooperative, m, n)
+            return with_raster(cooperative)
         return pingpong
     if n > 128 and waves(128, 256) >= 1:
         return with_fewer_waves(

@@ -61,34 +61,30 @@ def raster(cfg):
     return cfg.raster_group, cfg.raster_along, cfg.serpentine
 
 
-def expected_raster(m, n, tile_n=192):
-    """128-row tiles in 2x1 clusters: groups of 8 cluster rows, serpentine, where the tile
-    columns outnumber the cluster rows (fc1 and dy@W2 at T=8192); else groups of 16 columns."""
-    return (8, "m", True) if -(-n // tile_n) > -(-m // 256) else (16, "n", False)
+ROWS_SERPENTINE = (8, "m", True)  # groups of 8 cluster rows, every other one walked back
 
 
-def test_big_pingpong_gemms_walk_rows_where_columns_outnumber_them():
+def test_big_whole_tile_gemms_walk_rows_and_stream_k_keeps_columns():
     from parallel_mlp.kernels.config import ALONG_M_RASTER_GROUP, GemmConfig, default_config, with_raster
 
     assert ALONG_M_RASTER_GROUP == 8
-    headline = {  # T=8192 d=4096 swiglu h=14336: (m, n, k) of fc1 + act, fc2, the dact, dx
-        "fc1": (8192, 28672, 4096), "fc2": (8192, 4096, 14336), "dact": (8192, 14336, 4096),
-        "dx": (8192, 4096, 28672)}
-    kinds = {"fc1": "act", "fc2": "store", "dact": "dact", "dx": "store"}
-    picks = {name: default_config(*mnk, 132, kinds[name]) for name, mnk in headline.items()}
-    assert raster(picks["fc1"]) == raster(picks["dact"]) == (8, "m", True)
-    assert raster(picks["fc2"]) == raster(picks["dx"]) == (16, "n", False)  # 22 columns, 32 rows
-    # the count is of cluster rows: 32 columns against 32 rows of 2x1 clusters stays as it is,
-    # 33 columns walk rows
+    headline = {  # T=8192 d=4096 swiglu h=14336: (m, n, k, kind) of each GEMM of a step
+        "fc1": (8192, 28672, 4096, "act"), "fc2": (8192, 4096, 14336, "store"),
+        "dact": (8192, 14336, 4096, "dact"), "dx": (8192, 4096, 28672, "store"),
+        "dW2": (4096, 14336, 8192, "accumulate"), "dW1": (28672, 4096, 8192, "accumulate")}
+    picks = {name: default_config(*mnkk[:3], 132, mnkk[3]) for name, mnkk in headline.items()}
+    # pingpong (fc1, dact) and cooperative 128x256 (the rest) alike, whichever of the tile
+    # columns and the cluster rows outnumber the other (fc2: 16 columns, 32 rows)
+    assert {name: raster(cfg) for name, cfg in picks.items()} == {name: ROWS_SERPENTINE for name in headline}
+    assert (picks["fc1"].consumers, picks["dW1"].consumers) == ("pingpong", "cooperative")
     cfg = GemmConfig(128, 192, 2, 1, 16, consumers="pingpong")
-    assert with_raster(cfg, 8192, 32 * 192) is cfg
-    assert raster(with_raster(cfg, 8192, 32 * 192 + 1)) == (8, "m", True)
-    assert with_raster(cfg, 8192, 32 * 192 + 1).key == "t128x192_c2x1_g8_sm132_pingpong_rm_sp"
-    # cooperative whole tiles alike (dW2 at the headline); stream-K keeps its column groups
-    dw2 = default_config(4096, 14336, 8192, 132, "accumulate")
-    assert (dw2.consumers, dw2.tile_n, dw2.stream_k, raster(dw2)) == ("cooperative", 256, False, (8, "m", True))
+    assert raster(cfg) == (16, "n", False)  # GemmConfig's own default: groups of 16 columns
+    assert with_raster(cfg).key == "t128x192_c2x1_g8_sm132_pingpong_rm_sp"
+    # stream-K keeps its column groups (its split of the grid is tested with those)
     sk = GemmConfig(128, 256, 2, 1, 16, stream_k=True)
-    assert with_raster(sk, 4096, 14336) is sk
+    assert with_raster(sk) is sk
+    fc2_t2304 = default_config(2304, 4096, 14336, 132, "store")  # a light last wave: stream-K
+    assert (fc2_t2304.stream_k, raster(fc2_t2304)) == (True, (16, "n", False))
 
 
 def test_default_config_is_pingpong_at_big_shapes():
@@ -100,7 +96,7 @@ def test_default_config_is_pingpong_at_big_shapes():
                 continue
             cfg = default_config(m, n, k, 132, kind)
             assert (cfg.consumers, cfg.tile_m, cfg.tile_n, cfg.cluster_m) == ("pingpong", 128, 192, 2)
-            assert raster(cfg) == expected_raster(m, n), (m, n, kind)
+            assert raster(cfg) == ROWS_SERPENTINE, (m, n, kind)
             assert cfg.l2_prefetch == (kind == "accumulate")
             # the dact alone takes the two-slot preact ring, with 16-column subtiles for 5 stages
             assert (cfg.dact_prefetch, cfg.epi_n) == ((2, 16) if kind == "dact" else (1, 32))
@@ -126,8 +122,7 @@ def test_default_config_is_cooperative_128x256_at_long_k():
             cfg = default_config(m, n, k, 132, kind)
             assert (cfg.consumers, cfg.tile_m, cfg.tile_n, cfg.cluster_m) == \
                 ("cooperative", 128, 256, 2), (m, n, k, kind)
-            # dW2 at T=8192 d=4096 h=14336 (56 columns, 16 cluster rows) walks rows
-            assert raster(cfg) == expected_raster(m, n, 256), (m, n, k, kind)
+            assert raster(cfg) == ROWS_SERPENTINE, (m, n, k, kind)
             assert cfg.l2_prefetch == (kind == "accumulate")
         dact = default_config(m, n, k, 132, "dact")
         assert (dact.consumers, dact.tile_n, dact.dact_prefetch) == ("pingpong", 192, 2)
@@ -153,7 +148,7 @@ def test_long_k_takes_pingpong_where_its_waves_fill_the_grid_as_well():
         want = ("pingpong", 192) if (m, n, k) in flipped else ("cooperative", 256)
         for kind, cfg in picks.items():
             assert (cfg.consumers, cfg.tile_n, cfg.cluster_m) == (*want, 2), (m, n, k, kind)
-            assert raster(cfg) == expected_raster(m, n, want[1]), (m, n, k, kind)
+            assert raster(cfg) == ROWS_SERPENTINE, (m, n, k, kind)
             assert cfg.l2_prefetch == (kind == "accumulate")
     assert wave_columns(default_config(8192, 8192, 8192, 132, "store"), 8192, 8192) == 192 * 21
     assert wave_columns(GemmConfig(128, 256, 2, 1, 16), 8192, 8192) == 256 * 16
@@ -169,7 +164,7 @@ def test_long_k_takes_pingpong_where_its_waves_fill_the_grid_as_well():
 
 def test_narrow_pingpong_gives_way_to_cooperative_128x256_from_k_4096():
     """Big GEMMs below COOPERATIVE_MIN_K whose pingpong config is 128x128 take cooperative
-    128x256 (2x1, raster 16) from NARROW_COOPERATIVE_MIN_K where its waves take no more columns
+    128x256 (2x1, walking rows as every big GEMM) from NARROW_COOPERATIVE_MIN_K where its waves take no more columns
     of tile time: store and act alike, not the dact or the wgrads. The GEMMs timed for the rule
     (gpu_run.sh configs_mid), on 132 SMs; 192-wide pingpong and short K stay."""
     from parallel_mlp.kernels.config import (NARROW_COOPERATIVE_MIN_K, big_pingpong_config,
@@ -180,8 +175,9 @@ def test_narrow_pingpong_gives_way_to_cooperative_128x256_from_k_4096():
         assert big_pingpong_config(m, n, 132).tile_n == 128
         for kind in ("store", "act"):
             cfg = default_config(m, n, k, 132, kind)
-            assert (cfg.consumers, cfg.tile_n, cfg.cluster_m, cfg.raster_group, cfg.stream_k) == \
-                ("cooperative", 256, 2, 16, False), (m, n, k, kind)
+            assert (cfg.consumers, cfg.tile_n, cfg.cluster_m, cfg.stream_k) == \
+                ("cooperative", 256, 2, False), (m, n, k, kind)
+            assert raster(cfg) == ROWS_SERPENTINE, (m, n, k, kind)
             assert wave_columns(cfg, m, n) <= wave_columns(big_pingpong_config(m, n, 132), m, n)
         for kind in ("dact", "accumulate"):
             assert default_config(m, n, k, 132, kind).consumers == "pingpong", (m, n, k, kind)
