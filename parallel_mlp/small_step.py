@@ -30,10 +30,15 @@ against eager's:
   0.264 ms, at T=512 d=8192 (208 GFLOP) 0.853 against 0.943 on the slow host (0.385 against
   0.356 on the fast one);
 - not gated: 0.43-0.57x at 6-206 GFLOP, 0.75-0.96x at 629, 0.96-1.00x at 824-825, 0.99-1.02x from
-  3.3 TFLOP: ``MAX_FLOP``. With gelu_tanh_approx's math respelled (fewer instructions per
+  3.3 TFLOP. With gelu_tanh_approx's math respelled (fewer instructions per
   element in the fused epilogues), the fused kernels read 0.86x eager at 629 GFLOP and
   0.99-1.01x at the three steps of 825, and 0.986-1.012x the small step's time there (the
-  sweep of 7eb0e4b, 2026-12-03): a tie, so the threshold stayed. Eager's own non-gated step
+  sweep of 7eb0e4b, 2026-12-03): a tie. In the three sweeps since the fused function runs
+  through the C++ apply and returns its output as made (79dbb22, f751e90, 7c49a9e, 2026-12-04),
+  at T=8192 d=4096 h=2048 (825 GFLOP) the fused kernels ran ahead of the small step every time,
+  1.297 / 1.304, 1.270 / 1.274 and 1.292 / 1.308 ms (1.011x, 1.008x and 1.009x eager, the
+  small step 1.005x, 1.005x and 0.997x), while at T=1000 d=5120 h=10240 (629 GFLOP) they tied
+  or trailed it (1.048 / 1.045, 1.016 / 1.017, 1.057 / 1.031 ms): ``MAX_FLOP`` lies between. Eager's own non-gated step
   (one GEMM, one fused activation kernel each way) leaves the fused kernels less to win than
   its gated one (a split, a cat, three elementwise kernels). Narrow steps (``in_features`` up
   to ``NARROW_MAX_IN_FEATURES``) gain more from the fused activations, whose eager passes move
@@ -76,9 +81,9 @@ from .activations import TORCH_MATH, Activation, interleaved_pairs
 
 # fwd+bwd FLOP of a step below which ``auto`` takes the plain ops (see above): gated, between the
 # largest step measured slower fused (213 GFLOP) and the smallest measured faster (425); not
-# gated, just above the largest measured slower (825).
+# gated, between the largest measured slower or even (629) and the smallest measured faster (825).
 MAX_FLOP_GATED = 0.3e12
-MAX_FLOP = 1.0e12
+MAX_FLOP = 0.7e12
 # Not gated and at most this wide (in_features): fused from MAX_FLOP_NARROW, about the
 # geometric middle of the narrow steps measured slower fused (206 GFLOP) and faster (825).
 NARROW_MAX_IN_FEATURES = 2048
