@@ -11,6 +11,10 @@ the plain GEMM of its shape, both in its default config (cooperative 128x128 til
 GEMM in pingpong 128x192 tiles, and the dact without its pair swap (GemmConfig.dact_pair_swap)
 in that cooperative config and in the big dact's pingpong 128x192 one (16-column subtiles), with
 the swap and without: the shared-memory wavefronts the swap saves under both swizzles.
+``--epilogue-gap T,d,h,act`` (repeatable) profiles, at each shape, the two epilogue GEMMs beside
+the plain GEMMs of their shapes and configs (fc1 + act and plain fc1; the dact and plain dy@W2 in
+the dact's config, and plain dy@W2 in its own default): what the epilogue costs in cycles, clock,
+DRAM bytes and stalls where it runs well above the plain GEMM (`--launch-skip` = 5 x shapes).
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from __future__ import annotations
 import argparse
 
 import torch
+
+from .host_overhead import parse_shape
 
 
 def _random_bf16(seed: int = 0):
@@ -55,6 +61,32 @@ def short_k_dact_cases():
     ]
 
 
+def epilogue_gap_cases(shapes):
+    """Per (T, d, h, act): fc1 + act, plain fc1 (the same config: store and act choose alike),
+    the dact, plain dy@W2 in the dact's config, plain dy@W2 in its default config."""
+    from ..activations import get_activation
+    from ..kernels import ops
+    from ..kernels.config import default_config
+
+    todo = []
+    for T, d, h, act in shapes:
+        F = 2 * h if get_activation(act).gated else h
+        rand = _random_bf16()
+        x, w1 = rand(T, d), rand(F, d, scale=d ** -0.5)
+        dy, w2, pre = rand(T, d), rand(d, h, scale=h ** -0.5), rand(T, F)
+        dact_cfg = default_config(T, h, d, kind="dact")
+        at = f"T={T} d={d} {act} h={h}"
+        todo += [
+            (f"{at}: fc1 + act", lambda x=x, w1=w1, act=act: ops.gemm_act(x, w1.t(), act)),
+            (f"{at}: fc1 plain", lambda x=x, w1=w1: ops.gemm(x, w1.t())),
+            (f"{at}: dy@W2 + dact", lambda dy=dy, w2=w2, pre=pre, act=act: ops.gemm_dact(dy, w2, pre, act)),
+            (f"{at}: dy@W2 plain, the dact's config",
+             lambda dy=dy, w2=w2, cfg=dact_cfg: ops.gemm(dy, w2, config=cfg)),
+            (f"{at}: dy@W2 plain, default", lambda dy=dy, w2=w2: ops.gemm(dy, w2)),
+        ]
+    return todo
+
+
 def cases():
     from ..kernels import ops
     from ..kernels.config import GemmConfig
@@ -79,10 +111,18 @@ def main(argv=None) -> int:
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--short-k-dact", action="store_true",
                         help="the swiglu dact at K = 1024 and plain GEMMs of its shape instead")
+    parser.add_argument("--epilogue-gap", action="append", type=parse_shape, metavar="T,d,h,act",
+                        help="fc1 + act and the dact beside the plain GEMMs of their shapes and "
+                             "configs, at this shape instead (repeatable)")
     args = parser.parse_args(argv)
+    if args.short_k_dact and args.epilogue_gap:
+        parser.error("--short-k-dact and --epilogue-gap are two different case lists: give one")
     if not torch.cuda.is_available():
         raise SystemExit("ncu-cases needs a CUDA GPU")
-    todo = short_k_dact_cases() if args.short_k_dact else cases()
+    if args.epilogue_gap:
+        todo = epilogue_gap_cases(args.epilogue_gap)
+    else:
+        todo = short_k_dact_cases() if args.short_k_dact else cases()
     for _ in range(2):
         for name, fn in todo:
             fn()
