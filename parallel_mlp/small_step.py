@@ -38,8 +38,9 @@ against eager's:
   at T=8192 d=4096 h=2048 (825 GFLOP) the fused kernels ran ahead of the small step every time,
   1.297 / 1.304, 1.270 / 1.274 and 1.292 / 1.308 ms (1.011x, 1.008x and 1.009x eager, the
   small step 1.005x, 1.005x and 0.997x), while at T=1000 d=5120 h=10240 (629 GFLOP) they tied
-  or trailed it (1.048 / 1.045, 1.016 / 1.017, 1.057 / 1.031 ms): ``MAX_FLOP`` lies between. Eager's own non-gated step
-  (one GEMM, one fused activation kernel each way) leaves the fused kernels less to win than
+  or trailed it (1.048 / 1.045, 1.016 / 1.017, 1.057 / 1.031 ms; fused / small step, as
+  before): ``MAX_FLOP`` lies between. Eager's own non-gated step (one GEMM, one fused
+  activation kernel each way) leaves the fused kernels less to win than
   its gated one (a split, a cat, three elementwise kernels). Narrow steps (``in_features`` up
   to ``NARROW_MAX_IN_FEATURES``) gain more from the fused activations, whose eager passes move
   bytes in proportion to T x h against GEMM work in proportion to T x h x d: at T=8192 d=2048
