@@ -37,6 +37,11 @@ TILE_N_CHOICES = (64, 128, 160, 192, 256)
 PINGPONG_MAX_ACC_REGS = 192
 
 
+# GemmConfig.dact_direct: most fp32 accumulators per consumer thread, whose preact (as many
+# 16-bit values again, gated) the thread holds in registers through the tile's mainloop.
+DIRECT_DACT_MAX_ACC_REGS = 96
+
+
 # The 128x192 pingpong tile is the default only where its padded N is at most this factor of a
 # 128-wide tile's. N = 4096 pads 3.1%: on an H200, 2026-11-30, held 0.5 s, 1.5% faster than
 # 128x128 in one run and even in another (at long K, N = 4096 takes cooperative 128x256, below).
@@ -189,9 +194,15 @@ class GemmConfig:
     # Every other group walks its long side from the far end, so each group starts on the A rows
     # (or B columns) that the one before it ended on.
     serpentine: bool = False
+    # dact with cooperative tiles of at most 128 rows: each consumer thread loads its preact
+    # into registers before the tile's mainloop (the loads land while the tensor cores work) and
+    # writes dpreact and postact from registers straight to global memory: no shared-memory
+    # staging, no TMA stores and no barrier between the epilogue's warps. Other epilogues
+    # ignore it.
+    dact_direct: bool = False
 
     def __post_init__(self):
-        for name in ("l2_prefetch", "stream_k", "dact_pair_swap", "serpentine"):
+        for name in ("l2_prefetch", "stream_k", "dact_pair_swap", "serpentine", "dact_direct"):
             # a string such as "no" would otherwise switch the option on without a word
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be True or False")
@@ -264,6 +275,19 @@ class GemmConfig:
             raise ValueError(f"max_stages={self.max_stages}: must be 2 to 8")
         if self.dact_prefetch not in (1, 2, 3):
             raise ValueError(f"dact_prefetch={self.dact_prefetch}: must be 1, 2 or 3")
+        if self.dact_direct:
+            # A consumer thread holds its share of the tile's preact in registers beside its
+            # accumulators: at 128x256 (128 accumulators, 128 registers of gated preact) ptxas
+            # spills, at 128x192 it does not (sm_90a, ptxas 13.0).
+            threads = 256 if self.tile_m >= 128 else 128
+            acc = self.tile_m * self.tile_n // threads
+            if self.consumers != "cooperative" or self.tile_m > 128 or acc > DIRECT_DACT_MAX_ACC_REGS:
+                raise ValueError(
+                    f"dact_direct=True with consumers={self.consumers!r}, tile {self.tile_m}x{self.tile_n}: "
+                    f"the direct dact needs consumers='cooperative', tile_m <= 128 and at most "
+                    f"{DIRECT_DACT_MAX_ACC_REGS} accumulators per consumer thread (this tile: {acc}; "
+                    "e.g. 128x128 or 128x192)"
+                )
         if self.consumers == "pingpong" and self.dact_prefetch > 2:
             raise ValueError(
                 f"dact_prefetch={self.dact_prefetch} with consumers='pingpong': a pingpong warpgroup's "
@@ -286,6 +310,7 @@ class GemmConfig:
         st += "" if self.dact_pair_swap else "_nops"
         st += "" if self.raster_along == "n" else "_rm"
         st += "_sp" if self.serpentine else ""
+        st += "_dd" if self.dact_direct else ""
         return (
             f"t{self.tile_m}x{self.tile_n}_c{self.cluster_m}x{self.cluster_n}"
             f"_g{self.raster_group}_sm{self.num_sms}{sched}{cons}{pf}{l2}{st}"

@@ -39,6 +39,20 @@ class Epilogue:
         # PersistentGemmSm90._pair_swap), or None.
         self.pair_swap = None
 
+    def dact_unit(self, pre, t: int, dy):
+        """The dact of accumulator t (0 or 1) of a pair, from the pair's preact vector `pre`
+        (fp32; (gate, up) of both columns when gated, else one value per column) and dpostact
+        `dy`: (its dpreact values, its postact). Shared by `visit` and the kernel's direct dact."""
+        s = self.spec
+        m = DEVICE_MATH
+        if cutlass.const_expr(s.gated):
+            g = pre[2 * t]
+            u = pre[2 * t + 1]
+            dg, du = s.act.grad(g, u, m)
+            return (dg * dy, du * dy), s.act.fn(g, u, m)
+        x = pre[t]
+        return (s.act.grad(x, m) * dy,), s.act.fn(x, m)
+
     # One subtile: registers (and smem subtiles) in, registers / smem out.
     # rAcc: fp32 fragment of this subtile's accumulators (S values), value v at tile coordinates
     #       tCcT[base + v] (row, col) and problem coordinates tCcG[base + v]; the subtile's first
@@ -98,9 +112,7 @@ class Epilogue:
                     r, c = tCcT[base + 2 * j]
                     pre = sL2[((0, None), (r, (c - col0) // 2))].load().to(Float32)
                     for t in cutlass.range_constexpr(2):
-                        x = pre[t]
-                        rD[2 * j + t] = s.act.grad(x, m) * rAcc[2 * j + t]
-                        rP[2 * j + t] = s.act.fn(x, m)
+                        (rD[2 * j + t],), rP[2 * j + t] = self.dact_unit(pre, t, rAcc[2 * j + t])
             else:
                 # The GEMM is h wide (dpostact); accumulator column n owns preact/dpreact columns
                 # (2n, 2n+1), and postact column n is the accumulator's own position.
@@ -145,21 +157,18 @@ class Epilogue:
                     r, c = tCcT[base + 2 * j]
                     pre = pres[j].to(Float32)
                     for t in cutlass.range_constexpr(2):
-                        g = pre[2 * t]
-                        u = pre[2 * t + 1]
                         if cutlass.const_expr(swapping):
                             q = partner[j]
                             dy = cutlass.select_(odd, rAcc[2 * q + t], rAcc[2 * j + t])
                         else:
                             dy = rAcc[2 * j + t]
-                        dg, du = s.act.grad(g, u, m)
-                        p = s.act.fn(g, u, m)
+                        (dg, du), p = self.dact_unit(pre, t, dy)
                         if cutlass.const_expr(swapping):
                             # slot j's postact is pair j's, or pair q's in a swapped row
                             rP[2 * j + t] = cutlass.select_(odd, rP[2 * j + t], p)
                             rP[2 * q + t] = cutlass.select_(odd, p, rP[2 * q + t])
                         else:
                             rP[2 * j + t] = p
-                        dpre[2 * t] = (dg * dy).to(sX.element_type)
-                        dpre[2 * t + 1] = (du * dy).to(sX.element_type)
+                        dpre[2 * t] = dg.to(sX.element_type)
+                        dpre[2 * t + 1] = du.to(sX.element_type)
                     sX4[((0, None), (r, vector(c)))].store(dpre.load())

@@ -106,7 +106,11 @@ class PersistentGemmSm90:
         # 2.696 ms; bench configs --also max_stages=N), and the two-slot ring plus dpreact buffers
         # left the gated dact 3. The load latency this exposes per subtile falls inside the
         # other warpgroup's mainloop.
-        self.dpre_in_place = epilogue.kind == "dact" and (config.dact_prefetch > 1 or self.pingpong)
+        # dact_direct: preact in registers, dpreact and postact straight to global memory
+        # (_direct_preact, _direct_dact); no epilogue channel is staged in shared memory.
+        self.dact_direct = config.dact_direct and epilogue.kind == "dact"
+        self.dpre_in_place = (epilogue.kind == "dact" and not self.dact_direct
+                              and (config.dact_prefetch > 1 or self.pingpong))
         # Pingpong with dact_prefetch=2: two slots per warpgroup, both filled at the tile's start
         # and each refilled as soon as its subtile's stores have read it, so a subtile's preact
         # loads while the one before is computed (fits beside 5 stages with epi_n=16).
@@ -138,6 +142,8 @@ class PersistentGemmSm90:
         e = self.epi
         w = self.epi_tile[1]
         in_place = self.dpre_in_place  # dpreact leaves from the preact ring (L) instead
+        if self.dact_direct:
+            return {c: 0 for c in ("D", "P", "H", "X", "L")}
         return {
             "D": w if e.has_tma_d and not in_place else 0,
             "P": w if e.has_tma_post else 0,
@@ -318,9 +324,11 @@ class PersistentGemmSm90:
                 f"exceeds {SMEM_CAPACITY} B"
             )
 
+        # dact_direct reads and writes the global tensors themselves.
+        direct = (mPreIn, mDpre if self.epi.gated else mD, mPost) if self.dact_direct else (None, None, None)
         self.kernel(
             tma_a, tA, tma_b, tB, tma_d, tD, tma_p, tP, tma_h, tH, tma_x, tX, tma_l, tL, tma_f, tF,
-            mBias, mCounter, m_size, n_size, self.tiled_mma, self.tiled_mma_first, self.sA_layout, self.sB_layout,
+            *direct, mBias, mCounter, m_size, n_size, self.tiled_mma, self.tiled_mma_first, self.sA_layout, self.sB_layout,
             self.ch_layout["D"], self.ch_layout["P"], self.ch_layout["H"], self.ch_layout["X"], self.ch_layout["L"],
             sched_params,
         ).launch(
@@ -344,6 +352,7 @@ class PersistentGemmSm90:
         tma_x: Optional[cute.CopyAtom], mX: Optional[cute.Tensor],
         tma_l: Optional[cute.CopyAtom], mL: Optional[cute.Tensor],
         tma_f: Optional[cute.CopyAtom], mF: Optional[cute.Tensor],
+        mDirL: Optional[cute.Tensor], mDirX: Optional[cute.Tensor], mDirP: Optional[cute.Tensor],
         mBias: Optional[cute.Tensor],
         mCounter: Optional[cute.Tensor],
         m_size: cutlass.Int32, n_size: cutlass.Int32,
@@ -517,6 +526,17 @@ class PersistentGemmSm90:
                         sched_params, mCounter, mma_tidx, thr_mma, gcG, ep, acc_of, tCcT,
                         warp_idx == store_warp, epi_barrier, store_pipeline, mBias, n_size, S,
                     )
+                elif cutlass.const_expr(self.dact_direct):
+                    while work.is_valid_tile:
+                        tc = work.tile_idx
+                        tile_cG = thr_mma.partition_C(gcG[(None, None, tc[0], tc[1])])
+                        pre = self._direct_preact(mDirL, tile_cG, m_size, n_size)
+                        read_state, release_state = mainloop.consume_tile(
+                            ab_pipeline, read_state, release_state, tiled_mma, tiled_mma_first, acc, tCrA, tCrB, k_tiles
+                        )
+                        self._direct_dact(acc, pre, tile_cG, mDirX, mDirP, m_size, n_size)
+                        sched.advance_to_next_work()
+                        work = sched.get_current_work()
                 else:
                     while work.is_valid_tile:
                         tc = work.tile_idx
@@ -894,6 +914,56 @@ class PersistentGemmSm90:
             ep.tma["L"], ep.gmem["L"][(None, tc[0], tc[1] * num_sub + e, 0)], ep.smem["L"][(None, slot)],
             tma_bar_ptr=ep.l_mbar + slot, cache_policy=self._policy(1),
         )
+
+    # ---- the direct dact (config.dact_direct) --------------------------------------------------
+    #
+    # Accumulators 2j, 2j + 1 of a thread are columns (c, c + 1) of one row r, c even: their
+    # preact is one vector of 4 (gated: (gate, up) of both) or 2 elements at column 2c or c, and
+    # their dpreact leaves as one such vector, their postact as a pair. Four threads cover 8
+    # adjacent accumulator columns of a row, so a warp's vector access spans whole 32-byte
+    # sectors of 8 rows (dpreact, gated preact) or half sectors that the next pair's access
+    # fills (postact).
+
+    @cute.jit
+    def _direct_preact(self, mL: cute.Tensor, cG: cute.Tensor, m_size: cutlass.Int32, n_size: cutlass.Int32):
+        """Load this thread's preact of the tile whose accumulator coordinates are cG into
+        registers (one vector per accumulator pair), issued before the tile's mainloop so the
+        loads land while it runs. Coordinates past the problem's edge are clamped onto its last
+        row / pair (in bounds, and their results are never stored)."""
+        w = 4 if cutlass.const_expr(self.epi.gated) else 2
+        n_pairs = cute.size(cG) // 2
+        pre = cute.make_rmem_tensor((w, n_pairs), self.d_dtype)
+        vectors = cute.zipped_divide(mL, (1, w))  # ((1, w), (rows, vectors per row))
+        for j in cutlass.range_constexpr(n_pairs):
+            r, c = cG[2 * j]
+            r = cutlass.min(r, m_size - 1)
+            c = cutlass.min(c, n_size - 2)
+            pre[None, j].store(vectors[((0, None), (r, c // 2))].load())
+        return pre
+
+    @cute.jit
+    def _direct_dact(self, acc: cute.Tensor, pre: cute.Tensor, cG: cute.Tensor, mX: cute.Tensor, mP: cute.Tensor,
+                     m_size: cutlass.Int32, n_size: cutlass.Int32):
+        """dpreact and postact of the tile from its accumulators (dpostact) and the preact
+        registers of _direct_preact, each pair stored to global memory where it is in bounds."""
+        gated = self.epi.gated
+        w = 4 if cutlass.const_expr(gated) else 2
+        dpre_vectors = cute.zipped_divide(mX, (1, w))
+        post_pairs = cute.zipped_divide(mP, (1, 2))
+        dpre = cute.make_rmem_tensor(w, self.d_dtype)
+        post = cute.make_rmem_tensor(2, self.post_dtype)
+        for j in cutlass.range_constexpr(cute.size(cG) // 2):
+            r, c = cG[2 * j]
+            x = pre[None, j].load().to(cutlass.Float32)
+            for t in cutlass.range_constexpr(2):
+                dvals, p = self.epilogue.dact_unit(x, t, acc[2 * j + t])
+                for i in cutlass.range_constexpr(len(dvals)):
+                    dpre[len(dvals) * t + i] = dvals[i].to(self.d_dtype)
+                post[t] = p.to(self.post_dtype)
+            if r < m_size:
+                if c < n_size:
+                    dpre_vectors[((0, None), (r, c // 2))].store(dpre.load())
+                    post_pairs[((0, None), (r, c // 2))].store(post.load())
 
     def _policy(self, which: int):
         """The L2 policy operand of config.cache_hints for A/B loads (0), epilogue loads (1) or

@@ -72,7 +72,24 @@ def variants(quick: bool = False):
     out += epi16_variants(quick)
     out += stream_k_variants(quick)
     out += pair_swap_off_variants(quick)
+    out += dact_direct_variants(quick)
     return out
+
+
+def dact_direct_variants(quick: bool = False):
+    """The direct dact (config.dact_direct: preact in registers, outputs straight to global
+    memory): gated and not, at the short-K dact's cooperative 128x128 tile; the full check adds
+    128x192, a 64-row tile (one consumer warpgroup), a 2x1 cluster and fp16."""
+    c = GemmConfig(128, 128, 1, 1, 8, dact_direct=True)
+    keys = [KernelKey(EpilogueSpec("dact", a), c, "bfloat16", "row", "col", "bfloat16")
+            for a in ("swiglu", "gelu_tanh_approx")]
+    if not quick:
+        for cfg, act, dt in ((GemmConfig(128, 192, 1, 1, 8, dact_direct=True), "swiglu", "bfloat16"),
+                             (GemmConfig(64, 128, 1, 1, 8, dact_direct=True), "geglu", "bfloat16"),
+                             (GemmConfig(128, 128, 2, 1, 8, dact_direct=True), "relu", "bfloat16"),
+                             (c, "swiglu", "float16")):
+            keys.append(KernelKey(EpilogueSpec("dact", act), cfg, dt, "row", "col", dt))
+    return keys
 
 
 def pair_swap_off_variants(quick: bool = False):

@@ -1,0 +1,99 @@
+"""The direct dact (GemmConfig.dact_direct) on an sm_90 GPU.
+
+It computes every element with the same accumulators (same tile, same WGMMAs, same K order) and
+the same per-element math as the dact that stages its epilogue in shared memory, only reading
+preact into registers and writing dpreact and postact straight to global memory. So its outputs
+must equal that dact's bit for bit, and DESIGN.md's fp32 reference by its tolerance. Shapes have
+tails in M, N and K (M = 136 and 1000 against 64- and 128-row tiles, h = 200 and 1040 against
+64- to 192-wide tiles, K = 64 and 1000), gated and not, bf16 and fp16, and outputs written
+into row blocks of larger tensors.
+"""
+
+import dataclasses
+
+import pytest
+
+from test_ops_gpu import requires_sm90  # same directory: pytest puts it on sys.path
+from twins import dact_twins
+
+pytestmark = [pytest.mark.gpu, requires_sm90]
+
+
+def _config(name):
+    from parallel_mlp.kernels.config import GemmConfig
+
+    return {
+        "coop128x128": GemmConfig(128, 128, 1, 1, 8, dact_direct=True),
+        "coop128x128_c2": GemmConfig(128, 128, 2, 1, 8, dact_direct=True),
+        "coop128x192": GemmConfig(128, 192, 1, 1, 8, dact_direct=True),
+        "coop128x64": GemmConfig(128, 64, 1, 1, 8, dact_direct=True),
+        "coop64x128": GemmConfig(64, 128, 1, 1, 8, dact_direct=True),
+    }[name]
+
+
+CONFIGS = ["coop128x128", "coop128x128_c2", "coop128x192", "coop128x64", "coop64x128"]
+SHAPES = [(1000, 4000, 1040), (2048, 512, 2304), (1000, 64, 4096), (136, 1000, 200)]
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("act", ["swiglu", "gelu_tanh_approx"])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_direct_dact_is_bitwise_the_staged_dact(shape, act, name):
+    cfg = _config(name)
+    dact_twins(cfg, dataclasses.replace(cfg, dact_direct=False), shape, act, name)
+
+
+@pytest.mark.parametrize("act", ["geglu", "swiglu_oai", "relu", "relu_sq", "gelu"])
+def test_direct_dact_other_acts(act):
+    cfg = _config("coop128x128")
+    dact_twins(cfg, dataclasses.replace(cfg, dact_direct=False), (1000, 1000, 1040), act, act)
+
+
+@pytest.mark.parametrize("act", ["swiglu", "gelu_tanh_approx"])
+def test_direct_dact_fp16(act):
+    import torch
+
+    from parallel_mlp.activations import ACTIVATIONS
+    from parallel_mlp.kernels import ops
+    from test_ops_gpu import check, operand
+
+    cfg = _config("coop128x128")
+    A = ACTIVATIONS[act]
+    m, k, h = 1000, 1000, 1040
+    dy = operand(m, k, "row", torch.float16, k ** -0.5)
+    w2 = operand(k, h, "row", torch.float16)
+    preact = torch.randn(m, 2 * h if A.gated else h, device="cuda").to(torch.float16)
+    got = ops.gemm_dact(dy, w2, preact, act, config=cfg)
+    want = ops.gemm_dact(dy, w2, preact, act, config=dataclasses.replace(cfg, dact_direct=False))
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), f"{act}: fp16 direct dact differs"
+    ref_dpre, ref_post = A.backward(preact.float(), dy.float() @ w2.float())
+    lowp_dpre, lowp_post = A.backward(preact, dy @ w2)
+    check(got[0], ref_dpre, lowp_dpre, f"fp16 {act} dpreact")
+    check(got[1], ref_post, lowp_post, f"fp16 {act} postact")
+
+
+@pytest.mark.parametrize("act", ["swiglu", "gelu_tanh_approx"])
+def test_direct_dact_into_row_blocks(act):
+    """Outputs that are row blocks of larger tensors (the layer's row-block launches): the
+    direct stores follow the blocks' strides and leave the rows around them untouched."""
+    import torch
+
+    from parallel_mlp.activations import ACTIVATIONS
+    from parallel_mlp.kernels import ops
+    from test_ops_gpu import operand
+
+    cfg = _config("coop128x128")
+    A = ACTIVATIONS[act]
+    m, k, h = 1000, 512, 1040
+    width = 2 * h if A.gated else h
+    dy = operand(m, k, "row", torch.bfloat16, k ** -0.5)
+    w2 = operand(k, h, "row", torch.bfloat16)
+    preact = torch.randn(m, width, device="cuda").to(torch.bfloat16)
+    big_dpre = torch.full((m + 300, width), 7.0, device="cuda", dtype=torch.bfloat16)
+    big_post = torch.full((m + 300, h), 7.0, device="cuda", dtype=torch.bfloat16)
+    ops.gemm_dact(dy, w2, preact, act, config=cfg, out_dpreact=big_dpre[100:100 + m],
+                  out_postact=big_post[100:100 + m])
+    want = ops.gemm_dact(dy, w2, preact, act, config=dataclasses.replace(cfg, dact_direct=False))
+    assert torch.equal(big_dpre[100:100 + m], want[0]) and torch.equal(big_post[100:100 + m], want[1])
+    for t in (big_dpre, big_post):
+        assert (t[:100] == 7).all() and (t[100 + m:] == 7).all(), "a direct store left its row block"
