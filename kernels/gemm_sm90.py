@@ -125,6 +125,11 @@ class PersistentGemmSm90:
         # (config.l2_prefetch): dact's preact (L), accumulate's fp32 D; None: no prefetch.
         self.prefetch_channel = None
         if config.l2_prefetch:
+            if self.dact_direct:
+                raise ValueError(
+                    f"{config.key} {epilogue.key}: l2_prefetch with dact_direct: the direct dact loads its "
+                    "preact into registers before the tile's mainloop, there is no epilogue load to prefetch"
+                )
             self.prefetch_channel = {"dact": "L", "accumulate": "D"}.get(epilogue.kind)
 
     # ---- host-side setup (runs while tracing __call__) -----------------------------------------

@@ -62,6 +62,14 @@ def test_other_epilogues_ignore_it(kind, act):
     assert direct._channel_widths() == plain._channel_widths()
 
 
+def test_l2_prefetch_is_refused_for_the_direct_dact_only():
+    pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
+    cfg = GemmConfig(128, 128, dact_direct=True, l2_prefetch=True)
+    with pytest.raises(ValueError, match="l2_prefetch with dact_direct"):
+        _kernel(cfg)
+    assert _kernel(cfg, "accumulate", None).prefetch_channel == "D"
+
+
 def test_the_freed_shared_memory_goes_to_the_ab_ring(monkeypatch):
     pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
     from parallel_mlp.kernels.compile import KernelKey
