@@ -10,7 +10,8 @@ one to profile (`--launch-skip` = the number of cases). Shapes: T=8192, d=4096, 
 the plain GEMM of its shape, both in its default config (cooperative 128x128 tiles), the plain
 GEMM in pingpong 128x192 tiles, and the dact without its pair swap (GemmConfig.dact_pair_swap)
 in that cooperative config and in the big dact's pingpong 128x192 one (16-column subtiles), with
-the swap and without: the shared-memory wavefronts the swap saves under both swizzles.
+the swap and without: the shared-memory wavefronts the swap saves under both swizzles; and the
+direct dact (GemmConfig.dact_direct) in the default's tiles, which stages nothing in shared memory.
 ``--epilogue-gap T,d,h,act`` (repeatable) profiles, at each shape, the two epilogue GEMMs beside
 the plain GEMMs of their shapes and configs (fc1 + act and plain fc1; the dact and plain dy@W2 in
 the dact's config, and plain dy@W2 in its own default): what the epilogue costs in cycles, clock,
@@ -50,6 +51,7 @@ def short_k_dact_cases():
     no_swap = dataclasses.replace(dact_cfg, dact_pair_swap=False)
     pp = big_pingpong_config(T, h, kind="dact")
     pp_no_swap = dataclasses.replace(pp, dact_pair_swap=False)
+    direct = dataclasses.replace(dact_cfg, dact_direct=True)
     return [
         ("dpost dy@W2 + swiglu dact, its default config", lambda: ops.gemm_dact(dy, w2, pre, "swiglu")),
         ("dpost dy@W2 plain, the dact's config", lambda: ops.gemm(dy, w2, config=dact_cfg)),
@@ -58,6 +60,8 @@ def short_k_dact_cases():
         ("dpost dy@W2 + swiglu dact, pingpong (big default)", lambda: ops.gemm_dact(dy, w2, pre, "swiglu", config=pp)),
         ("dpost dy@W2 + swiglu dact, pingpong, no pair swap",
          lambda: ops.gemm_dact(dy, w2, pre, "swiglu", config=pp_no_swap)),
+        ("dpost dy@W2 + swiglu dact, direct (preact in registers, no shared memory)",
+         lambda: ops.gemm_dact(dy, w2, pre, "swiglu", config=direct)),
     ]
 
 
