@@ -9,7 +9,9 @@ dpreact) are written element by element into their smem subtile at the accumulat
 coordinates (no stmatrix tiling of the accumulator tile expresses them) and then leave by TMA
 like the others. The dact's preact arrives by TMA load into a small smem ring, loaded ahead of
 the subtile being computed (config.dact_prefetch; by default a pingpong warpgroup has two slots
-and writes dpreact back over the preact it read).
+and writes dpreact back over the preact it read). The direct dact (config.dact_direct) stages
+nothing: the kernel reads preact into registers and stores from registers, with `dact_unit`'s
+math.
 
 The variants and their host-side description are in epilogue_spec.py (``EpilogueSpec``).
 

@@ -135,7 +135,8 @@ class PersistentGemmSm90:
     # ---- host-side setup (runs while tracing __call__) -----------------------------------------
     #
     # Epilogue "channels": every output leaves the SM as a (tile_m x w) subtile staged in shared
-    # memory and written by one TMA store; preact (dact) arrives the same way by TMA load.
+    # memory and written by one TMA store; preact (dact) arrives the same way by TMA load. The
+    # direct dact (config.dact_direct) has no channel: it loads and stores from registers.
     #   D  acc-shaped (w = epi_n):     D / preact / non-gated dpreact     stmatrix
     #   P  acc-shaped (w = epi_n):     postact (non-gated act, any dact)  stmatrix
     #   H  half width (w = epi_n / 2): gated act's postact                per-element smem stores
