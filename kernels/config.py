@@ -37,8 +37,9 @@ TILE_N_CHOICES = (64, 128, 160, 192, 256)
 PINGPONG_MAX_ACC_REGS = 192
 
 
-# GemmConfig.dact_direct: most fp32 accumulators per consumer thread, whose preact (as many
-# 16-bit values again, gated) the thread holds in registers through the tile's mainloop.
+# GemmConfig.dact_direct with cooperative consumers: most fp32 accumulators per consumer thread,
+# whose preact (as many 16-bit values again, gated) the thread holds in registers through the
+# tile's mainloop.
 DIRECT_DACT_MAX_ACC_REGS = 96
 
 
@@ -194,11 +195,13 @@ class GemmConfig:
     # Every other group walks its long side from the far end, so each group starts on the A rows
     # (or B columns) that the one before it ended on.
     serpentine: bool = False
-    # dact with cooperative tiles of at most 128 rows: each consumer thread loads its preact
-    # into registers before the tile's mainloop (the loads land while the tensor cores work) and
-    # writes dpreact and postact from registers straight to global memory: no shared-memory
-    # staging, no TMA stores and no barrier between the epilogue's warps. Other epilogues
-    # ignore it.
+    # dact: dpreact and postact go from registers straight to global memory, with no
+    # shared-memory staging, TMA store or store wait. Cooperative tiles (at most 128 rows and
+    # DIRECT_DACT_MAX_ACC_REGS accumulators per thread): each consumer thread also loads its
+    # preact into registers before the tile's mainloop (the loads land while the tensor cores
+    # work), so the epilogue's warps never wait for one another. Pingpong: the preact ring
+    # stays (dact_prefetch slots per warpgroup), each slot refilled as soon as the warpgroup has
+    # read it. Other epilogues ignore it.
     dact_direct: bool = False
 
     def __post_init__(self):
@@ -275,18 +278,18 @@ class GemmConfig:
             raise ValueError(f"max_stages={self.max_stages}: must be 2 to 8")
         if self.dact_prefetch not in (1, 2, 3):
             raise ValueError(f"dact_prefetch={self.dact_prefetch}: must be 1, 2 or 3")
-        if self.dact_direct:
-            # A consumer thread holds its share of the tile's preact in registers beside its
+        if self.dact_direct and self.consumers == "cooperative":
+            # A cooperative thread holds its share of the tile's preact in registers beside its
             # accumulators: at 128x256 (128 accumulators, 128 registers of gated preact) ptxas
-            # spills, at 128x192 it does not (sm_90a, ptxas 13.0).
+            # spills, at 128x192 it does not (sm_90a, ptxas 13.0). Pingpong keeps its preact
+            # ring in shared memory.
             threads = 256 if self.tile_m >= 128 else 128
             acc = self.tile_m * self.tile_n // threads
-            if self.consumers != "cooperative" or self.tile_m > 128 or acc > DIRECT_DACT_MAX_ACC_REGS:
+            if self.tile_m > 128 or acc > DIRECT_DACT_MAX_ACC_REGS:
                 raise ValueError(
-                    f"dact_direct=True with consumers={self.consumers!r}, tile {self.tile_m}x{self.tile_n}: "
-                    f"the direct dact needs consumers='cooperative', tile_m <= 128 and at most "
-                    f"{DIRECT_DACT_MAX_ACC_REGS} accumulators per consumer thread (this tile: {acc}; "
-                    "e.g. 128x128 or 128x192)"
+                    f"dact_direct=True with cooperative tile {self.tile_m}x{self.tile_n}: a cooperative "
+                    f"direct dact needs tile_m <= 128 and at most {DIRECT_DACT_MAX_ACC_REGS} accumulators "
+                    f"per consumer thread (this tile: {acc}; e.g. 128x128 or 128x192)"
                 )
         if self.consumers == "pingpong" and self.dact_prefetch > 2:
             raise ValueError(

@@ -106,15 +106,19 @@ class PersistentGemmSm90:
         # 2.696 ms; bench configs --also max_stages=N), and the two-slot ring plus dpreact buffers
         # left the gated dact 3. The load latency this exposes per subtile falls inside the
         # other warpgroup's mainloop.
-        # dact_direct: preact in registers, dpreact and postact straight to global memory
-        # (_direct_preact, _direct_dact); no epilogue channel is staged in shared memory.
+        # dact_direct: dpreact and postact go from registers straight to global memory. A
+        # cooperative thread loads its preact into registers before the tile's mainloop
+        # (_direct_preact, _direct_dact; no epilogue channel in shared memory); a pingpong
+        # warpgroup keeps its preact ring (channel L, dact_prefetch slots), frees each slot once
+        # its warps have read it, and stages no output (_direct_epilogue_tile).
         self.dact_direct = config.dact_direct and epilogue.kind == "dact"
+        self.preact_in_registers = self.dact_direct and not self.pingpong
         self.dpre_in_place = (epilogue.kind == "dact" and not self.dact_direct
                               and (config.dact_prefetch > 1 or self.pingpong))
         # Pingpong with dact_prefetch=2: two slots per warpgroup, both filled at the tile's start
         # and each refilled as soon as its subtile's stores have read it, so a subtile's preact
         # loads while the one before is computed (fits beside 5 stages with epi_n=16).
-        if self.dpre_in_place:
+        if self.dpre_in_place or (self.dact_direct and self.pingpong):
             self.l_ring = config.dact_prefetch if self.pingpong else config.dact_prefetch + 1  # slots per warpgroup
         else:
             self.l_ring = EPI_STAGES
@@ -125,7 +129,7 @@ class PersistentGemmSm90:
         # (config.l2_prefetch): dact's preact (L), accumulate's fp32 D; None: no prefetch.
         self.prefetch_channel = None
         if config.l2_prefetch:
-            if self.dact_direct:
+            if self.preact_in_registers:
                 raise ValueError(
                     f"{config.key} {epilogue.key}: l2_prefetch with dact_direct: the direct dact loads its "
                     "preact into registers before the tile's mainloop, there is no epilogue load to prefetch"
@@ -149,7 +153,10 @@ class PersistentGemmSm90:
         w = self.epi_tile[1]
         in_place = self.dpre_in_place  # dpreact leaves from the preact ring (L) instead
         if self.dact_direct:
-            return {c: 0 for c in ("D", "P", "H", "X", "L")}
+            widths = {c: 0 for c in ("D", "P", "H", "X", "L")}
+            if not self.preact_in_registers:
+                widths["L"] = 2 * w if e.gated else w
+            return widths
         return {
             "D": w if e.has_tma_d and not in_place else 0,
             "P": w if e.has_tma_post else 0,
@@ -330,7 +337,7 @@ class PersistentGemmSm90:
                 f"exceeds {SMEM_CAPACITY} B"
             )
 
-        # dact_direct reads and writes the global tensors themselves.
+        # dact_direct reads (cooperative) and writes the global tensors themselves.
         direct = (mPreIn, mDpre if self.epi.gated else mD, mPost) if self.dact_direct else (None, None, None)
         self.kernel(
             tma_a, tA, tma_b, tB, tma_d, tD, tma_p, tP, tma_h, tH, tma_x, tX, tma_l, tL, tma_f, tF,
@@ -482,7 +489,7 @@ class PersistentGemmSm90:
                     storage.sH.get_tensor(sH_layout.outer, swizzle=sH_layout.inner),
                     storage.sX.get_tensor(sX_layout.outer, swizzle=sX_layout.inner),
                     storage.sL.get_tensor(sL_layout.outer, swizzle=sL_layout.inner),
-                    tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, mBias, m_size, n_size,
+                    tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, mBias, m_size, n_size, mDirX, mDirP,
                 )
             else:
                 mma_tidx = tidx - 128
@@ -532,7 +539,7 @@ class PersistentGemmSm90:
                         sched_params, mCounter, mma_tidx, thr_mma, gcG, ep, acc_of, tCcT,
                         warp_idx == store_warp, epi_barrier, store_pipeline, mBias, n_size, S,
                     )
-                elif cutlass.const_expr(self.dact_direct):
+                elif cutlass.const_expr(self.preact_in_registers):
                     while work.is_valid_tile:
                         tc = work.tile_idx
                         tile_cG = thr_mma.partition_C(gcG[(None, None, tc[0], tc[1])])
@@ -711,6 +718,7 @@ class PersistentGemmSm90:
     def _consume_pingpong(
         self, tidx, warp_idx, tiled_mma, tiled_mma_first, sA, sB, ab_pipeline, k_tiles, sched_params, index_pipe, s_idx, l_mbar,
         sD, sP, sH, sX, sL, tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, mBias, m_size, n_size,
+        mDirX, mDirP,
     ):
         """One consumer warpgroup of a pingpong pair: tiles wg, wg + 2, ... of the CTA's sequence.
 
@@ -771,13 +779,21 @@ class PersistentGemmSm90:
                 ab_pipeline, read_state, release_state, tiled_mma, tiled_mma_first, acc, tCrA, tCrB, k_tiles, PP_MMA_ORDER, wg
             )
             mainloop.order_wait(PP_EPI_ORDER, wg)
-            # The output buffers start drained at every turn (buffer e % 2), and are handed over
-            # drained (the last subtile waits for all of this tile's stores to have read smem).
-            l_count = self._epilogue_tile(
-                ep, tc, acc_of, tRS_cT, ep.thr_r2s_d.partition_S(gcG[(None, None, tc[0], tc[1])]),
-                l_count, wg, is_store_warp, epi_barrier, store_pipeline, mBias, n_size,
-                S, False, True,
-            )
+            tile_cG = ep.thr_r2s_d.partition_S(gcG[(None, None, tc[0], tc[1])])
+            if cutlass.const_expr(self.dact_direct):
+                l_count = self._direct_epilogue_tile(
+                    ep, tc, acc_of, tRS_cT, tile_cG, l_count, wg, is_store_warp, epi_barrier, mDirX, mDirP,
+                    m_size, n_size, S,
+                )
+            else:
+                # The output buffers start drained at every turn (buffer e % 2), and are handed
+                # over drained (the last subtile waits for all of this tile's stores to have read
+                # smem).
+                l_count = self._epilogue_tile(
+                    ep, tc, acc_of, tRS_cT, tile_cG,
+                    l_count, wg, is_store_warp, epi_barrier, store_pipeline, mBias, n_size,
+                    S, False, True,
+                )
             mainloop.order_arrive(PP_EPI_ORDER, wg)
             # Next own tile: skip the other warpgroup's. The dynamic scheduler's ring ends with one
             # past-the-end index and nothing after it, so never read beyond an invalid one.
@@ -970,6 +986,52 @@ class PersistentGemmSm90:
                 if c < n_size:
                     dpre_vectors[((0, None), (r, c // 2))].store(dpre.load())
                     post_pairs[((0, None), (r, c // 2))].store(post.load())
+
+    @cute.jit
+    def _direct_epilogue_tile(
+        self, ep, tc, acc_of, cT, cG, count, wg, is_store_warp, epi_barrier, mX: cute.Tensor, mP: cute.Tensor,
+        m_size: cutlass.Int32, n_size: cutlass.Int32, S: cutlass.Constexpr,
+    ):
+        """A pingpong warpgroup's direct dact of one tile (config.dact_direct), epi_n accumulator
+        columns at a time; returns `count` advanced by the tile's subtiles. Per subtile: wait for
+        its preact slot, read every pair's preact vector from it, and once the warpgroup's warps
+        all have (its barrier), refill the slot with the subtile l_ring ahead; then compute and
+        store each pair's dpreact and postact straight to global memory where it is in bounds.
+        No output touches shared memory, so there is no fence, TMA store or store wait, and
+        the slot's next load starts before the math instead of after the stores."""
+        w = self.epi_tile[1]
+        num_sub = self.tile_shape_mnk[1] // w
+        v = 4 if cutlass.const_expr(self.epi.gated) else 2
+        dpre_vectors = cute.zipped_divide(mX, (1, v))
+        post_pairs = cute.zipped_divide(mP, (1, 2))
+        dpre = cute.make_rmem_tensor(v, self.d_dtype)
+        post = cute.make_rmem_tensor(2, self.post_dtype)
+        for e in cutlass.range_constexpr(num_sub):
+            lslot = wg * self.l_ring + count % self.l_ring
+            cute.arch.mbarrier_wait(ep.l_mbar + lslot, (count // self.l_ring) % 2)
+            pre_vectors = cute.zipped_divide(ep.sL[(None, None, lslot)], (1, v))
+            pres = []
+            for j in cutlass.range_constexpr(S // 2):
+                r, c = cT[e * S + 2 * j]
+                pres.append(pre_vectors[((0, None), (r, (c - e * w) // 2))].load())
+            epi_barrier.arrive_and_wait()
+            if cutlass.const_expr(e + self.l_ring < num_sub):
+                if is_store_warp:
+                    self._load_preact(ep, tc, e + self.l_ring, count + self.l_ring, wg)
+            for j in cutlass.range_constexpr(S // 2):
+                r, c = cG[e * S + 2 * j]
+                x = pres[j].to(cutlass.Float32)
+                for t in cutlass.range_constexpr(2):
+                    dvals, p = self.epilogue.dact_unit(x, t, ep.tRS_acc[acc_of[e * S + 2 * j + t]])
+                    for i in cutlass.range_constexpr(len(dvals)):
+                        dpre[len(dvals) * t + i] = dvals[i].to(self.d_dtype)
+                    post[t] = p.to(self.post_dtype)
+                if r < m_size:
+                    if c < n_size:
+                        dpre_vectors[((0, None), (r, c // 2))].store(dpre.load())
+                        post_pairs[((0, None), (r, c // 2))].store(post.load())
+            count += 1
+        return count
 
     def _policy(self, which: int):
         """The L2 policy operand of config.cache_hints for A/B loads (0), epilogue loads (1) or

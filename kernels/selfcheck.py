@@ -77,13 +77,21 @@ def variants(quick: bool = False):
 
 
 def dact_direct_variants(quick: bool = False):
-    """The direct dact (config.dact_direct: preact in registers, outputs straight to global
-    memory): gated and not, at the short-K dact's cooperative 128x128 tile; the full check adds
-    128x192, a 64-row tile (one consumer warpgroup), a 2x1 cluster and fp16."""
+    """The direct dact (config.dact_direct: outputs straight to global memory; cooperative:
+    preact in registers, pingpong: its preact ring): gated and not at the short-K dact's
+    cooperative 128x128 tile, and the big dact's pingpong 128x192; the full check adds
+    cooperative 128x192, a 64-row tile (one consumer warpgroup), a 2x1 cluster and fp16, and
+    pingpong gelu, 128x128 with one preact slot, and 192 rows in a 1x2 cluster."""
     c = GemmConfig(128, 128, 1, 1, 8, dact_direct=True)
-    keys = [KernelKey(EpilogueSpec("dact", a), c, "bfloat16", "row", "col", "bfloat16")
-            for a in ("swiglu", "gelu_tanh_approx")]
+    pp = GemmConfig(128, 192, 2, 1, 16, consumers="pingpong", dact_prefetch=2, epi_n=16, dact_direct=True)
+    keys = [KernelKey(EpilogueSpec("dact", a), cfg, "bfloat16", "row", "col", "bfloat16")
+            for cfg, a in ((c, "swiglu"), (c, "gelu_tanh_approx"), (pp, "swiglu"))]
     if not quick:
+        for cfg, act in ((pp, "gelu_tanh_approx"),
+                         (GemmConfig(128, 128, 2, 1, 16, consumers="pingpong", dact_direct=True), "swiglu"),
+                         (GemmConfig(192, 128, 1, 2, 16, consumers="pingpong", dact_prefetch=2, epi_n=16,
+                                     dact_direct=True), "geglu")):
+            keys.append(KernelKey(EpilogueSpec("dact", act), cfg, "bfloat16", "row", "col", "bfloat16"))
         for cfg, act, dt in ((GemmConfig(128, 192, 1, 1, 8, dact_direct=True), "swiglu", "bfloat16"),
                              (GemmConfig(64, 128, 1, 1, 8, dact_direct=True), "geglu", "bfloat16"),
                              (GemmConfig(128, 128, 2, 1, 8, dact_direct=True), "relu", "bfloat16"),

@@ -1,7 +1,8 @@
-"""The direct dact (GemmConfig.dact_direct) on the CPU: its name, the tiles it accepts, that it
-stages nothing in shared memory (so the A/B ring takes what the epilogue gave up), that it reads
-and writes global memory with 8-byte vectors, and that the selfcheck compiles it. Its GPU tests
-(bitwise equal to the shared-memory dact) are in test_dact_direct_gpu.py."""
+"""The direct dact (GemmConfig.dact_direct) on the CPU: its name, the tiles it accepts, what it
+stages in shared memory (cooperative: nothing, so the A/B ring takes what the epilogue gave up;
+pingpong: the preact ring alone), that it reads and writes global memory with 8-byte vectors,
+and that the selfcheck compiles it. Its GPU tests (bitwise equal to the staged dact) are in
+test_dact_direct_gpu.py."""
 
 import pytest
 
@@ -17,9 +18,8 @@ def test_off_by_default_and_named_when_on():
     (dict(tile_m=128, tile_n=256), "at most 96 accumulators per consumer thread \\(this tile: 128"),
     (dict(tile_m=64, tile_n=256), "this tile: 128"),
     (dict(tile_m=256, tile_n=64), "tile_m <= 128"),
-    (dict(tile_m=128, tile_n=128, consumers="pingpong"), "consumers='cooperative'"),
 ])
-def test_rejects_tiles_it_cannot_hold(kw, rule):
+def test_rejects_cooperative_tiles_it_cannot_hold(kw, rule):
     with pytest.raises(ValueError, match=rf"dact_direct=True with .*{rule}"):
         GemmConfig(dact_direct=True, **kw)
 
@@ -27,6 +27,12 @@ def test_rejects_tiles_it_cannot_hold(kw, rule):
 @pytest.mark.parametrize("tile", [(128, 128), (128, 192), (64, 128), (128, 64), (64, 192)])
 def test_accepts_cooperative_tiles_of_at_most_96_accumulators(tile):
     assert GemmConfig(*tile, dact_direct=True).dact_direct
+
+
+@pytest.mark.parametrize("tile", [(128, 192), (128, 128), (192, 128), (64, 256)])
+def test_accepts_every_pingpong_tile(tile):
+    """Pingpong keeps its preact in the shared-memory ring: no register limit of its own."""
+    assert GemmConfig(*tile, consumers="pingpong", dact_direct=True).dact_direct
 
 
 @pytest.mark.parametrize("value", ["no", 0, None])
@@ -47,10 +53,22 @@ def _kernel(cfg, kind="dact", act="swiglu"):
 def test_no_epilogue_channel_in_shared_memory(act):
     pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
     k = _kernel(GemmConfig(128, 128, dact_direct=True), act=act)
-    assert k.dact_direct and not k.dpre_in_place
+    assert k.dact_direct and k.preact_in_registers and not k.dpre_in_place
     assert set(k._channel_widths().values()) == {0}
     staged = _kernel(GemmConfig(128, 128), act=act)
     assert staged._channel_widths()["L"] > 0
+
+
+@pytest.mark.parametrize("act,width", [("swiglu", 32), ("gelu_tanh_approx", 16)])
+@pytest.mark.parametrize("prefetch", [1, 2])
+def test_pingpong_keeps_the_preact_ring_alone(act, width, prefetch):
+    pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
+    cfg = GemmConfig(128, 192, 2, 1, 16, consumers="pingpong", dact_prefetch=prefetch, epi_n=16,
+                     dact_direct=True)
+    k = _kernel(cfg, act=act)
+    assert k.dact_direct and not k.preact_in_registers and not k.dpre_in_place
+    assert k._channel_widths() == {"D": 0, "P": 0, "H": 0, "X": 0, "L": width}
+    assert k.l_ring == prefetch
 
 
 @pytest.mark.parametrize("kind,act", [("act", "swiglu"), ("store", None), ("accumulate", None)])
@@ -62,12 +80,14 @@ def test_other_epilogues_ignore_it(kind, act):
     assert direct._channel_widths() == plain._channel_widths()
 
 
-def test_l2_prefetch_is_refused_for_the_direct_dact_only():
+def test_l2_prefetch_is_refused_where_preact_goes_to_registers():
     pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
     cfg = GemmConfig(128, 128, dact_direct=True, l2_prefetch=True)
     with pytest.raises(ValueError, match="l2_prefetch with dact_direct"):
         _kernel(cfg)
     assert _kernel(cfg, "accumulate", None).prefetch_channel == "D"
+    pp = GemmConfig(128, 192, consumers="pingpong", dact_direct=True, l2_prefetch=True)
+    assert _kernel(pp).prefetch_channel == "L"
 
 
 def test_the_freed_shared_memory_goes_to_the_ab_ring(monkeypatch):
@@ -105,6 +125,23 @@ def test_vector_loads_and_stores_in_the_ptx(act, width):
     assert "stmatrix" not in ptx
 
 
+def test_pingpong_stores_from_registers_and_loads_preact_by_tma():
+    pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
+    import re
+
+    from parallel_mlp.kernels.compile import KernelKey, compile_kernel
+    from parallel_mlp.kernels.epilogue_spec import EpilogueSpec
+
+    cfg = GemmConfig(128, 192, 2, 1, 16, consumers="pingpong", dact_prefetch=2, epi_n=16, dact_direct=True)
+    key = KernelKey(EpilogueSpec("dact", "swiglu"), cfg, "bfloat16", "row", "col", "bfloat16")
+    ptx = compile_kernel(key, keep_ptx=True).artifacts.PTX
+    stores = [m.split("global.")[-1] for m in re.findall(r"st\.global\S*", ptx)]
+    # 128x192 over one warpgroup: 192 accumulators, 96 pairs per thread
+    assert stores.count("v2.b32") == 96 and stores.count("b32") == 96 and len(stores) == 192, stores
+    assert "cp.async.bulk.tensor.2d.global.shared" not in ptx and "stmatrix" not in ptx
+    assert "cp.async.bulk.tensor.2d.shared::cluster.global" in ptx or "cp.async.bulk.tensor.2d.shared::cta.global" in ptx
+
+
 def test_selfcheck_compiles_it():
     from parallel_mlp.kernels.selfcheck import variants
 
@@ -112,3 +149,4 @@ def test_selfcheck_compiles_it():
         direct = [key for key in variants(quick) if key.config.dact_direct]
         assert direct and all(key.epilogue.kind == "dact" for key in direct)
         assert {key.epilogue.gated for key in direct} == {True, False}
+        assert {key.config.consumers for key in direct} == {"cooperative", "pingpong"}

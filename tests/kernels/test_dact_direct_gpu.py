@@ -1,8 +1,9 @@
 """The direct dact (GemmConfig.dact_direct) on an sm_90 GPU.
 
 It computes every element with the same accumulators (same tile, same WGMMAs, same K order) and
-the same per-element math as the dact that stages its epilogue in shared memory, only reading
-preact into registers and writing dpreact and postact straight to global memory. So its outputs
+the same per-element math as the dact that stages its epilogue in shared memory, only writing
+dpreact and postact straight from registers to global memory (and, cooperative, reading preact
+into registers before the mainloop; pingpong keeps its preact ring). So its outputs
 must equal that dact's bit for bit, and DESIGN.md's fp32 reference by its tolerance. Shapes have
 tails in M, N and K (M = 136 and 1000 against 64- and 128-row tiles, h = 200 and 1040 against
 64- to 192-wide tiles, K = 64 and 1000), gated and not, bf16 and fp16, and outputs written
@@ -22,7 +23,15 @@ pytestmark = [pytest.mark.gpu, requires_sm90]
 def _config(name):
     from parallel_mlp.kernels.config import GemmConfig
 
+    def pp(tm, tn, cm=1, cn=1, **kw):
+        return GemmConfig(tm, tn, cm, cn, 16, consumers="pingpong", dact_direct=True, **kw)
+
     return {
+        "pp128x192_pf2_e16": pp(128, 192, 2, dact_prefetch=2, epi_n=16),
+        "pp128x128_pf2_e16": pp(128, 128, 2, dact_prefetch=2, epi_n=16),
+        "pp128x192_e32": pp(128, 192, 2),
+        "pp192x128_pf2_e16": pp(192, 128, 1, 2, dact_prefetch=2, epi_n=16),
+        "pp64x64": pp(64, 64),
         "coop128x128": GemmConfig(128, 128, 1, 1, 8, dact_direct=True),
         "coop128x128_c2": GemmConfig(128, 128, 2, 1, 8, dact_direct=True),
         "coop128x192": GemmConfig(128, 192, 1, 1, 8, dact_direct=True),
@@ -31,7 +40,8 @@ def _config(name):
     }[name]
 
 
-CONFIGS = ["coop128x128", "coop128x128_c2", "coop128x192", "coop128x64", "coop64x128"]
+CONFIGS = ["coop128x128", "coop128x128_c2", "coop128x192", "coop128x64", "coop64x128",
+           "pp128x192_pf2_e16", "pp128x128_pf2_e16", "pp128x192_e32", "pp192x128_pf2_e16", "pp64x64"]
 SHAPES = [(1000, 4000, 1040), (2048, 512, 2304), (1000, 64, 4096), (136, 1000, 200)]
 
 
@@ -43,21 +53,28 @@ def test_direct_dact_is_bitwise_the_staged_dact(shape, act, name):
     dact_twins(cfg, dataclasses.replace(cfg, dact_direct=False), shape, act, name)
 
 
+@pytest.mark.parametrize("name", ["coop128x128", "pp128x192_pf2_e16"])
 @pytest.mark.parametrize("act", ["geglu", "swiglu_oai", "relu", "relu_sq", "gelu"])
-def test_direct_dact_other_acts(act):
-    cfg = _config("coop128x128")
+def test_direct_dact_other_acts(act, name):
+    cfg = _config(name)
     dact_twins(cfg, dataclasses.replace(cfg, dact_direct=False), (1000, 1000, 1040), act, act)
 
 
+def test_pingpong_direct_dact_with_l2_prefetch():
+    cfg = dataclasses.replace(_config("pp128x192_pf2_e16"), l2_prefetch=True)
+    dact_twins(cfg, dataclasses.replace(cfg, dact_direct=False), (2048, 512, 2304), "swiglu", "l2pf")
+
+
 @pytest.mark.parametrize("act", ["swiglu", "gelu_tanh_approx"])
-def test_direct_dact_fp16(act):
+@pytest.mark.parametrize("name", ["coop128x128", "pp128x192_pf2_e16"])
+def test_direct_dact_fp16(act, name):
     import torch
 
     from parallel_mlp.activations import ACTIVATIONS
     from parallel_mlp.kernels import ops
     from test_ops_gpu import check, operand
 
-    cfg = _config("coop128x128")
+    cfg = _config(name)
     A = ACTIVATIONS[act]
     m, k, h = 1000, 1000, 1040
     dy = operand(m, k, "row", torch.float16, k ** -0.5)
@@ -73,7 +90,8 @@ def test_direct_dact_fp16(act):
 
 
 @pytest.mark.parametrize("act", ["swiglu", "gelu_tanh_approx"])
-def test_direct_dact_into_row_blocks(act):
+@pytest.mark.parametrize("name", ["coop128x128", "pp128x192_pf2_e16"])
+def test_direct_dact_into_row_blocks(act, name):
     """Outputs that are row blocks of larger tensors (the layer's row-block launches): the
     direct stores follow the blocks' strides and leave the rows around them untouched."""
     import torch
@@ -82,7 +100,7 @@ def test_direct_dact_into_row_blocks(act):
     from parallel_mlp.kernels import ops
     from test_ops_gpu import operand
 
-    cfg = _config("coop128x128")
+    cfg = _config(name)
     A = ACTIVATIONS[act]
     m, k, h = 1000, 512, 1040
     width = 2 * h if A.gated else h
