@@ -540,14 +540,17 @@ class PersistentGemmSm90:
                         warp_idx == store_warp, epi_barrier, store_pipeline, mBias, n_size, S,
                     )
                 elif cutlass.const_expr(self.preact_in_registers):
+                    offs = self._value_offsets(
+                        lambda t: tiled_mma.get_slice(t).partition_C(cute.make_identity_tensor((tm, tn))),
+                        self.num_mma_threads,
+                    )
                     while work.is_valid_tile:
                         tc = work.tile_idx
-                        tile_cG = thr_mma.partition_C(gcG[(None, None, tc[0], tc[1])])
-                        pre = self._direct_preact(mDirL, tile_cG, m_size, n_size)
+                        pre = self._direct_preact(mDirL, tc, tCcT, offs, m_size, n_size)
                         read_state, release_state = mainloop.consume_tile(
                             ab_pipeline, read_state, release_state, tiled_mma, tiled_mma_first, acc, tCrA, tCrB, k_tiles
                         )
-                        self._direct_dact(acc, pre, tile_cG, mDirX, mDirP, m_size, n_size)
+                        self._direct_dact(acc, pre, tc, tCcT, offs, mDirX, mDirP, m_size, n_size)
                         sched.advance_to_next_work()
                         work = sched.get_current_work()
                 else:
@@ -743,6 +746,11 @@ class PersistentGemmSm90:
         )
         acc_of, tRS_cT, gcG = ep.acc_of, ep.cT, ep.gcG
         S = ep.S  # a Python int; read inside the tile loop, ep's ints would arrive dynamic
+        direct_offs = None
+        if cutlass.const_expr(self.dact_direct):
+            direct_offs = self._value_offsets(
+                lambda t: ep.r2s_d.get_slice(t).partition_S(cute.make_identity_tensor((tm, tn))), 128
+            )
 
         # This warpgroup's own 128-thread barrier and store warp (its first warp); its TMA store
         # groups are that warp's own, so the two warpgroups' store pipelines are independent.
@@ -782,7 +790,7 @@ class PersistentGemmSm90:
             tile_cG = ep.thr_r2s_d.partition_S(gcG[(None, None, tc[0], tc[1])])
             if cutlass.const_expr(self.dact_direct):
                 l_count = self._direct_epilogue_tile(
-                    ep, tc, acc_of, tRS_cT, tile_cG, l_count, wg, is_store_warp, epi_barrier, mDirX, mDirP,
+                    ep, tc, acc_of, tRS_cT, direct_offs, l_count, wg, is_store_warp, epi_barrier, mDirX, mDirP,
                     m_size, n_size, S,
                 )
             else:
@@ -946,50 +954,129 @@ class PersistentGemmSm90:
     # sectors of 8 rows (dpreact, gated preact) or half sectors that the next pair's access
     # fills (postact).
 
+    def _value_offsets(self, coords_of, threads: int):
+        """The static (row, column) offset of each value of a thread's coordinate partition from
+        its value 0, for partitions whose values sit at the same offsets in every thread:
+        coords_of(t) is thread t's (static) partition; checked on a sample of threads. A value's
+        address is then the thread's base address plus a multiple of the row stride (one per
+        distinct row offset, computed once) plus a constant."""
+        c0 = coords_of(0)
+        n = cute.size(c0)
+
+        def offsets(c):
+            return [(c[v][0] - c[0][0], c[v][1] - c[0][1]) for v in range(n)]
+
+        offs = offsets(c0)
+        for t in sorted({1, 3, 4, 31, 32, 63, 64, 127, threads - 1}):
+            if t < threads and offsets(coords_of(t)) != offs:
+                raise ValueError(f"{self.cfg.key}: thread {t}'s accumulators are not thread 0's, shifted")
+        return offs
+
     @cute.jit
-    def _direct_preact(self, mL: cute.Tensor, cG: cute.Tensor, m_size: cutlass.Int32, n_size: cutlass.Int32):
-        """Load this thread's preact of the tile whose accumulator coordinates are cG into
-        registers (one vector per accumulator pair), issued before the tile's mainloop so the
-        loads land while it runs. Coordinates past the problem's edge are clamped onto its last
-        row / pair (in bounds, and their results are never stored)."""
-        w = 4 if cutlass.const_expr(self.epi.gated) else 2
-        n_pairs = cute.size(cG) // 2
+    def _direct_base(self, t: cute.Tensor, tc, rc, pairs: cutlass.Constexpr):
+        """The byte address in global tensor t of this thread's value 0 in tile tc (rc: its
+        coordinates in the tile); `pairs`: t holds two elements per accumulator column."""
+        tm, tn, _ = self.tile_shape_mnk
+        f = 2 if cutlass.const_expr(pairs) else 1
+        r = tc[0] * tm + rc[0]
+        c = tc[1] * tn + rc[1]
+        elems = cutlass.Int64(r) * cutlass.Int64(t.layout.stride[0]) + cutlass.Int64(c * f)
+        return t.iterator.toint() + elems * (t.element_type.width // 8)
+
+    def _row_steps(self, t: cute.Tensor, offs):
+        """Byte offset of each distinct row offset in offs, in tensor t (a dict)."""
+        eb = t.element_type.width // 8
+        return {dr: cutlass.Int64(dr * eb) * cutlass.Int64(t.layout.stride[0]) for dr in sorted({o[0] for o in offs})}
+
+    def _direct_put(self, values: cute.Tensor, addr):
+        """Store the register vector `values` at byte address addr of global memory."""
+        self._vector_at(values.element_type, addr, cute.size(values)).store(values.load())
+
+    @staticmethod
+    def _vector_at(dtype, addr, n: int):
+        """n elements of dtype at byte address addr of global memory, aligned to their size."""
+        ptr = cute.make_ptr(dtype, addr, cute.AddressSpace.gmem, assumed_align=n * dtype.width // 8)
+        return cute.make_tensor(ptr, cute.make_layout(n))
+
+    @cute.jit
+    def _direct_preact(self, mL: cute.Tensor, tc, cT: cute.Tensor, offs, m_size: cutlass.Int32,
+                       n_size: cutlass.Int32):
+        """Load this thread's preact of tile tc into registers (one vector per accumulator pair;
+        cT: the accumulators' tile coordinates, offs: their offsets from value 0), issued before
+        the tile's mainloop so the loads land while it runs. In a tile across the problem's edge,
+        coordinates past it are clamped onto its last row / pair (in bounds; their results are
+        never stored)."""
+        tm, tn, _ = self.tile_shape_mnk
+        gated = self.epi.gated
+        w = 4 if cutlass.const_expr(gated) else 2
+        n_pairs = cute.size(cT) // 2
         pre = cute.make_rmem_tensor((w, n_pairs), self.d_dtype)
-        vectors = cute.zipped_divide(mL, (1, w))  # ((1, w), (rows, vectors per row))
-        for j in cutlass.range_constexpr(n_pairs):
-            r, c = cG[2 * j]
-            r = cutlass.min(r, m_size - 1)
-            c = cutlass.min(c, n_size - 2)
-            pre[None, j].store(vectors[((0, None), (r, c // 2))].load())
+        rows = m_size - tc[0] * tm
+        cols = n_size - tc[1] * tn
+        if rows >= tm and cols >= tn:
+            base = self._direct_base(mL, tc, cT[0], gated)
+            step = self._row_steps(mL, offs)
+            eb = self.d_dtype.width // 8
+            for j in cutlass.range_constexpr(n_pairs):
+                dr, dc = offs[2 * j]
+                src = self._vector_at(self.d_dtype, base + step[dr] + dc * (w // 2) * eb, w)
+                pre[None, j].store(src.load())
+        else:
+            vectors = cute.zipped_divide(mL, (1, w))  # ((1, w), (rows, vectors per row))
+            for j in cutlass.range_constexpr(n_pairs):
+                r, c = cT[2 * j]
+                r = cutlass.min(r, rows - 1) + tc[0] * tm
+                c = cutlass.min(c, cols - 2) + tc[1] * tn
+                pre[None, j].store(vectors[((0, None), (r, c // 2))].load())
         return pre
 
     @cute.jit
-    def _direct_dact(self, acc: cute.Tensor, pre: cute.Tensor, cG: cute.Tensor, mX: cute.Tensor, mP: cute.Tensor,
-                     m_size: cutlass.Int32, n_size: cutlass.Int32):
-        """dpreact and postact of the tile from its accumulators (dpostact) and the preact
+    def _direct_dact(self, acc: cute.Tensor, pre: cute.Tensor, tc, cT: cute.Tensor, offs, mX: cute.Tensor,
+                     mP: cute.Tensor, m_size: cutlass.Int32, n_size: cutlass.Int32):
+        """dpreact and postact of tile tc from its accumulators (dpostact) and the preact
         registers of _direct_preact, each pair stored to global memory where it is in bounds."""
+        tm, tn, _ = self.tile_shape_mnk
+        self._direct_pairs(
+            mX, mP, tc, cT, offs, m_size - tc[0] * tm, n_size - tc[1] * tn, 0, cute.size(cT),
+            lambda j: pre[None, j].load(), lambda v: acc[v],
+        )
+
+    @cute.jit
+    def _direct_pairs(self, mX: cute.Tensor, mP: cute.Tensor, tc, cT: cute.Tensor, offs, rows, cols,
+                      v0: cutlass.Constexpr, n: cutlass.Constexpr, preact_of, acc_of):
+        """Values v0 .. v0 + n - 1 of this thread (n // 2 accumulator pairs; cT their tile
+        coordinates, offs their offsets from value 0): each pair's dpreact and postact from its
+        preact vector preact_of(j) and accumulators acc_of(v), stored from registers straight to
+        global memory where in bounds (rows, cols: the tile's extent inside the problem). Each
+        address is a base per tile plus a row step plus a constant."""
         gated = self.epi.gated
         w = 4 if cutlass.const_expr(gated) else 2
-        dpre_vectors = cute.zipped_divide(mX, (1, w))
-        post_pairs = cute.zipped_divide(mP, (1, 2))
+        eb = self.d_dtype.width // 8
+        pb = self.post_dtype.width // 8
+        base_x = self._direct_base(mX, tc, cT[0], gated)
+        base_p = self._direct_base(mP, tc, cT[0], False)
+        step_x = self._row_steps(mX, offs)
+        step_p = self._row_steps(mP, offs)
+        r0, c0 = cT[0]
         dpre = cute.make_rmem_tensor(w, self.d_dtype)
         post = cute.make_rmem_tensor(2, self.post_dtype)
-        for j in cutlass.range_constexpr(cute.size(cG) // 2):
-            r, c = cG[2 * j]
-            x = pre[None, j].load().to(cutlass.Float32)
+        for j in cutlass.range_constexpr(n // 2):
+            v = v0 + 2 * j
+            dr, dc = offs[v]
+            x = preact_of(v // 2).to(cutlass.Float32)
             for t in cutlass.range_constexpr(2):
-                dvals, p = self.epilogue.dact_unit(x, t, acc[2 * j + t])
+                dvals, p = self.epilogue.dact_unit(x, t, acc_of(v + t))
                 for i in cutlass.range_constexpr(len(dvals)):
                     dpre[len(dvals) * t + i] = dvals[i].to(self.d_dtype)
                 post[t] = p.to(self.post_dtype)
-            if r < m_size:
-                if c < n_size:
-                    dpre_vectors[((0, None), (r, c // 2))].store(dpre.load())
-                    post_pairs[((0, None), (r, c // 2))].store(post.load())
+            if r0 + dr < rows:
+                if c0 + dc < cols:
+                    self._direct_put(dpre, base_x + step_x[dr] + dc * (w // 2) * eb)
+                    self._direct_put(post, base_p + step_p[dr] + dc * pb)
 
     @cute.jit
     def _direct_epilogue_tile(
-        self, ep, tc, acc_of, cT, cG, count, wg, is_store_warp, epi_barrier, mX: cute.Tensor, mP: cute.Tensor,
+        self, ep, tc, acc_of, cT, offs, count, wg, is_store_warp, epi_barrier, mX: cute.Tensor, mP: cute.Tensor,
         m_size: cutlass.Int32, n_size: cutlass.Int32, S: cutlass.Constexpr,
     ):
         """A pingpong warpgroup's direct dact of one tile (config.dact_direct), epi_n accumulator
@@ -999,13 +1086,10 @@ class PersistentGemmSm90:
         store each pair's dpreact and postact straight to global memory where it is in bounds.
         No output touches shared memory, so there is no fence, TMA store or store wait, and
         the slot's next load starts before the math instead of after the stores."""
+        tm, tn, _ = self.tile_shape_mnk
         w = self.epi_tile[1]
-        num_sub = self.tile_shape_mnk[1] // w
+        num_sub = tn // w
         v = 4 if cutlass.const_expr(self.epi.gated) else 2
-        dpre_vectors = cute.zipped_divide(mX, (1, v))
-        post_pairs = cute.zipped_divide(mP, (1, 2))
-        dpre = cute.make_rmem_tensor(v, self.d_dtype)
-        post = cute.make_rmem_tensor(2, self.post_dtype)
         for e in cutlass.range_constexpr(num_sub):
             lslot = wg * self.l_ring + count % self.l_ring
             cute.arch.mbarrier_wait(ep.l_mbar + lslot, (count // self.l_ring) % 2)
@@ -1018,18 +1102,10 @@ class PersistentGemmSm90:
             if cutlass.const_expr(e + self.l_ring < num_sub):
                 if is_store_warp:
                     self._load_preact(ep, tc, e + self.l_ring, count + self.l_ring, wg)
-            for j in cutlass.range_constexpr(S // 2):
-                r, c = cG[e * S + 2 * j]
-                x = pres[j].to(cutlass.Float32)
-                for t in cutlass.range_constexpr(2):
-                    dvals, p = self.epilogue.dact_unit(x, t, ep.tRS_acc[acc_of[e * S + 2 * j + t]])
-                    for i in cutlass.range_constexpr(len(dvals)):
-                        dpre[len(dvals) * t + i] = dvals[i].to(self.d_dtype)
-                    post[t] = p.to(self.post_dtype)
-                if r < m_size:
-                    if c < n_size:
-                        dpre_vectors[((0, None), (r, c // 2))].store(dpre.load())
-                        post_pairs[((0, None), (r, c // 2))].store(post.load())
+            self._direct_pairs(
+                mX, mP, tc, cT, offs, m_size - tc[0] * tm, n_size - tc[1] * tn, e * S, S,
+                lambda q: pres[q - e * S // 2], lambda a: ep.tRS_acc[acc_of[a]],
+            )
             count += 1
         return count
 

@@ -535,3 +535,29 @@ def test_graph_memory_probe_reads_memory_after_each_phase(monkeypatch, capsys):
     assert re.search(r"graphs dropped, cache emptied +free +1021\.0 MiB", out)
     assert "per graph" not in out
     assert not GRAPHS.enabled and len(GRAPHS) == 0
+
+
+def test_sass_counts_reads_the_epilogue_stretch():
+    """tools/sass_counts.py counts from the last WGMMA wait to the last store, opcodes without
+    their modifiers or predicates; a disassembly without either is refused by name."""
+    sys.path.insert(0, str(TOOLS))
+    try:
+        import sass_counts
+    finally:
+        sys.path.pop(0)
+    sass = "\n".join([
+        "        /*0100*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4].tnspB, R24 ;",
+        "        /*0110*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;",
+        "        /*0120*/                   FMUL R1, R2, R3 ;",
+        "        /*0130*/              @!P0 LDG.E.64 R4, desc[UR14][R6.64] ;",
+        "        /*0140*/                   MUFU.EX2 R1, R1 ;",
+        ".L_x_1:",
+        "        /*0150*/               @P1 STG.E.64 desc[UR14][R8.64+0x10], R24 ;",
+        "        /*0160*/                   EXIT ;",
+    ])
+    counts, total = sass_counts.epilogue_counts(sass)
+    assert total == 5 and counts == {"WARPGROUP": 1, "FMUL": 1, "LDG": 1, "MUFU": 1, "STG": 1}
+    with pytest.raises(ValueError, match="not a WGMMA kernel"):
+        sass_counts.epilogue_counts(sass.replace("WARPGROUP.DEPBAR.LE gsb0, 0x0", "NOP"))
+    with pytest.raises(ValueError, match="no global or TMA store"):
+        sass_counts.epilogue_counts(sass.replace("STG.E.64", "LDG.E.64"))

@@ -118,8 +118,9 @@ def test_vector_loads_and_stores_in_the_ptx(act, width):
     # the access width: what follows ld.global / st.global and its cache qualifiers, if any
     loads = [m.split("global.")[-1] for m in re.findall(r"ld\.global\S*", ptx)]
     stores = [m.split("global.")[-1] for m in re.findall(r"st\.global\S*", ptx)]
-    # 128x128 over 256 threads: 64 accumulators, 32 pairs per thread
-    assert loads.count(width) == 32 and len(loads) == 32, loads
+    # 128x128 over 256 threads: 64 accumulators, 32 pairs per thread; the loads twice (a tile
+    # inside the problem, one across its edge), the stores once
+    assert loads.count(width) == 64 and len(loads) == 64, loads
     assert stores.count(width) >= 32 and stores.count("b32") >= 32 and len(stores) == 64, stores
     assert "cp.async.bulk.tensor.2d.global.shared" not in ptx
     assert "stmatrix" not in ptx
