@@ -15,7 +15,7 @@ import dataclasses
 import pytest
 
 from test_ops_gpu import requires_sm90  # same directory: pytest puts it on sys.path
-from twins import dact_twins
+from twins import dact_operands, dact_twins
 
 pytestmark = [pytest.mark.gpu, requires_sm90]
 
@@ -72,14 +72,11 @@ def test_direct_dact_fp16(act, name):
 
     from parallel_mlp.activations import ACTIVATIONS
     from parallel_mlp.kernels import ops
-    from test_ops_gpu import check, operand
+    from test_ops_gpu import check
 
     cfg = _config(name)
     A = ACTIVATIONS[act]
-    m, k, h = 1000, 1000, 1040
-    dy = operand(m, k, "row", torch.float16, k ** -0.5)
-    w2 = operand(k, h, "row", torch.float16)
-    preact = torch.randn(m, 2 * h if A.gated else h, device="cuda").to(torch.float16)
+    dy, w2, preact = dact_operands((1000, 1000, 1040), act, torch.float16)
     got = ops.gemm_dact(dy, w2, preact, act, config=cfg)
     want = ops.gemm_dact(dy, w2, preact, act, config=dataclasses.replace(cfg, dact_direct=False))
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), f"{act}: fp16 direct dact differs"
@@ -96,17 +93,12 @@ def test_direct_dact_into_row_blocks(act, name):
     direct stores follow the blocks' strides and leave the rows around them untouched."""
     import torch
 
-    from parallel_mlp.activations import ACTIVATIONS
     from parallel_mlp.kernels import ops
-    from test_ops_gpu import operand
 
     cfg = _config(name)
-    A = ACTIVATIONS[act]
-    m, k, h = 1000, 512, 1040
-    width = 2 * h if A.gated else h
-    dy = operand(m, k, "row", torch.bfloat16, k ** -0.5)
-    w2 = operand(k, h, "row", torch.bfloat16)
-    preact = torch.randn(m, width, device="cuda").to(torch.bfloat16)
+    m, h = 1000, 1040
+    dy, w2, preact = dact_operands((m, 512, h), act)
+    width = preact.shape[1]
     big_dpre = torch.full((m + 300, width), 7.0, device="cuda", dtype=torch.bfloat16)
     big_post = torch.full((m + 300, h), 7.0, device="cuda", dtype=torch.bfloat16)
     ops.gemm_dact(dy, w2, preact, act, config=cfg, out_dpreact=big_dpre[100:100 + m],

@@ -54,14 +54,20 @@ def act_twins(cfg, ref_cfg, shape, act, bias, what=""):
     assert torch.equal(pre, pre2) and torch.equal(post, post2), f"{what}: act {act} {shape} differs from its twin"
 
 
+def dact_operands(shape, act, dtype=torch.bfloat16):
+    """(dy, W2, preact) of a dact at shape (m, k, h): dy @ W2 is the m x h dpostact."""
+    m, k, h = shape
+    dy = operand(m, k, "row", dtype, k ** -0.5)
+    w2 = operand(k, h, "row", dtype)
+    preact = torch.randn(m, 2 * h if ACTIVATIONS[act].gated else h, device="cuda").to(dtype)
+    return dy, w2, preact
+
+
 def dact_twins(cfg, ref_cfg, shape, act, what=""):
     from parallel_mlp.kernels import ops
 
     A = ACTIVATIONS[act]
-    m, k, h = shape
-    dy = operand(m, k, "row", torch.bfloat16, k ** -0.5)
-    w2 = operand(k, h, "row", torch.bfloat16)
-    preact = torch.randn(m, 2 * h if A.gated else h, device="cuda").to(torch.bfloat16)
+    dy, w2, preact = dact_operands(shape, act)
     dpre, post = ops.gemm_dact(dy, w2, preact, act, config=cfg)
     ref_dpre, ref_post = A.backward(preact.float(), dy.float() @ w2.float())
     lowp_dpre, lowp_post = A.backward(preact, dy @ w2)
