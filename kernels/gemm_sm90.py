@@ -988,9 +988,16 @@ class PersistentGemmSm90:
         eb = t.element_type.width // 8
         return {dr: cutlass.Int64(dr * eb) * cutlass.Int64(t.layout.stride[0]) for dr in sorted({o[0] for o in offs})}
 
-    def _direct_put(self, values: cute.Tensor, addr):
-        """Store the register vector `values` at byte address addr of global memory."""
-        self._vector_at(values.element_type, addr, cute.size(values)).store(values.load())
+    def _direct_put(self, values: cute.Tensor, addr, ok: cute.Tensor):
+        """Store the register vector `values` at byte address addr of global memory where ok[0]
+        (one predicated store instruction, no branch)."""
+        bits = cute.size(values) * values.element_type.width
+        word = cutlass.Int64 if bits == 64 else cutlass.Int32
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), word, num_bits_per_copy=bits)
+        src = cute.recast_tensor(values, word)
+        dst = self._vector_at(word, addr, 1)
+        cute.copy(atom, cute.make_tensor(src.iterator, cute.make_layout((1, 1))),
+                  cute.make_tensor(dst.iterator, cute.make_layout((1, 1))), pred=ok)
 
     @staticmethod
     def _vector_at(dtype, addr, n: int):
@@ -1069,10 +1076,10 @@ class PersistentGemmSm90:
                 for i in cutlass.range_constexpr(len(dvals)):
                     dpre[len(dvals) * t + i] = dvals[i].to(self.d_dtype)
                 post[t] = p.to(self.post_dtype)
-            if r0 + dr < rows:
-                if c0 + dc < cols:
-                    self._direct_put(dpre, base_x + step_x[dr] + dc * (w // 2) * eb)
-                    self._direct_put(post, base_p + step_p[dr] + dc * pb)
+            ok = cute.make_rmem_tensor(1, cutlass.Boolean)
+            ok[0] = r0 + dr < rows and c0 + dc < cols
+            self._direct_put(dpre, base_x + step_x[dr] + dc * (w // 2) * eb, ok)
+            self._direct_put(post, base_p + step_p[dr] + dc * pb, ok)
 
     @cute.jit
     def _direct_epilogue_tile(

@@ -102,8 +102,8 @@ def test_the_freed_shared_memory_goes_to_the_ab_ring(monkeypatch):
     assert stages_of(direct, monkeypatch) > stages_of(staged, monkeypatch)
 
 
-@pytest.mark.parametrize("act,width", [("swiglu", "v2.b32"), ("gelu_tanh_approx", "b32")])
-def test_vector_loads_and_stores_in_the_ptx(act, width):
+@pytest.mark.parametrize("act,width,dpre", [("swiglu", "v2.b32", "v4.b16"), ("gelu_tanh_approx", "b32", "v2.b16")])
+def test_vector_loads_and_stores_in_the_ptx(act, width, dpre):
     """Gated: one 8-byte load of a pair's preact and one 8-byte store of its dpreact; not gated:
     4-byte ones; postact leaves as 4-byte pairs. No shared-memory epilogue stores, no TMA store."""
     pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
@@ -121,7 +121,7 @@ def test_vector_loads_and_stores_in_the_ptx(act, width):
     # 128x128 over 256 threads: 64 accumulators, 32 pairs per thread; the loads twice (a tile
     # inside the problem, one across its edge), the stores once
     assert loads.count(width) == 64 and len(loads) == 64, loads
-    assert stores.count(width) >= 32 and stores.count("b32") >= 32 and len(stores) == 64, stores
+    assert stores.count(dpre) >= 32 and stores.count("v2.b16") >= 32 and len(stores) == 64, stores
     assert "cp.async.bulk.tensor.2d.global.shared" not in ptx
     assert "stmatrix" not in ptx
 
@@ -138,7 +138,7 @@ def test_pingpong_stores_from_registers_and_loads_preact_by_tma():
     ptx = compile_kernel(key, keep_ptx=True).artifacts.PTX
     stores = [m.split("global.")[-1] for m in re.findall(r"st\.global\S*", ptx)]
     # 128x192 over one warpgroup: 192 accumulators, 96 pairs per thread
-    assert stores.count("v2.b32") == 96 and stores.count("b32") == 96 and len(stores) == 192, stores
+    assert stores.count("v4.b16") == 96 and stores.count("v2.b16") == 96 and len(stores) == 192, stores
     assert "cp.async.bulk.tensor.2d.global.shared" not in ptx and "stmatrix" not in ptx
     assert "cp.async.bulk.tensor.2d.shared::cluster.global" in ptx or "cp.async.bulk.tensor.2d.shared::cta.global" in ptx
 
