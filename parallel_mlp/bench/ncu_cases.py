@@ -14,8 +14,9 @@ the swap and without: the shared-memory wavefronts the swap saves under both swi
 direct dact (GemmConfig.dact_direct) in the default's tiles, which stages nothing in shared memory.
 ``--epilogue-gap T,d,h,act`` (repeatable) profiles, at each shape, the two epilogue GEMMs beside
 the plain GEMMs of their shapes and configs (fc1 + act and plain fc1; the dact and plain dy@W2 in
-the dact's config, and plain dy@W2 in its own default): what the epilogue costs in cycles, clock,
-DRAM bytes and stalls where it runs well above the plain GEMM (`--launch-skip` = 5 x shapes).
+the dact's config, and plain dy@W2 in its own default; and the direct dact): what the epilogue
+costs in cycles, clock, DRAM bytes and stalls where it runs well above the plain GEMM
+(`--launch-skip` = 6 x shapes).
 """
 
 from __future__ import annotations
@@ -67,7 +68,10 @@ def short_k_dact_cases():
 
 def epilogue_gap_cases(shapes):
     """Per (T, d, h, act): fc1 + act, plain fc1 (the same config: store and act choose alike),
-    the dact, plain dy@W2 in the dact's config, plain dy@W2 in its default config."""
+    the dact, plain dy@W2 in the dact's config, plain dy@W2 in its default config, and the
+    direct dact (GemmConfig.dact_direct) in the dact's config."""
+    import dataclasses
+
     from ..activations import get_activation
     from ..kernels import ops
     from ..kernels.config import default_config
@@ -87,6 +91,9 @@ def epilogue_gap_cases(shapes):
             (f"{at}: dy@W2 plain, the dact's config",
              lambda dy=dy, w2=w2, cfg=dact_cfg: ops.gemm(dy, w2, config=cfg)),
             (f"{at}: dy@W2 plain, default", lambda dy=dy, w2=w2: ops.gemm(dy, w2)),
+            (f"{at}: dy@W2 + dact, direct",
+             lambda dy=dy, w2=w2, pre=pre, act=act, cfg=dataclasses.replace(dact_cfg, dact_direct=True):
+             ops.gemm_dact(dy, w2, pre, act, config=cfg)),
         ]
     return todo
 
