@@ -561,3 +561,18 @@ def test_sass_counts_reads_the_epilogue_stretch():
         sass_counts.epilogue_counts(sass.replace("WARPGROUP.DEPBAR.LE gsb0, 0x0", "NOP"))
     with pytest.raises(ValueError, match="no global or TMA store"):
         sass_counts.epilogue_counts(sass.replace("STG.E.64", "LDG.E.64"))
+
+
+def test_sass_counts_names_a_missing_disassembler(monkeypatch, tmp_path):
+    sys.path.insert(0, str(TOOLS))
+    try:
+        import sass_counts
+    finally:
+        sys.path.pop(0)
+    monkeypatch.setenv("NVDISASM", str(tmp_path / "no-such-nvdisasm"))
+    with pytest.raises(SystemExit, match=r"nvdisasm not found: put it on PATH or set \$NVDISASM"):
+        sass_counts._tool("nvdisasm")
+    monkeypatch.delenv("PTXAS", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(SystemExit, match=r"ptxas not found"):
+        sass_counts._tool("ptxas")

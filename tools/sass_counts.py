@@ -20,6 +20,7 @@ import collections
 import dataclasses
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -44,7 +45,12 @@ def epilogue_counts(sass: str) -> tuple[collections.Counter, int]:
 
 
 def _tool(name: str) -> str:
-    return os.environ.get(name.upper(), name)
+    """The path of ptxas or nvdisasm: $PTXAS / $NVDISASM, else the one on PATH."""
+    path = os.environ.get(name.upper()) or shutil.which(name)
+    if not path or not os.path.exists(path):
+        raise SystemExit(f"{name} not found: put it on PATH or set ${name.upper()} (nvdisasm: the "
+                         "nvidia-cuda-nvdisasm wheel)")
+    return path
 
 
 def main(argv=None) -> int:

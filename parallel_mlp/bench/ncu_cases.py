@@ -22,6 +22,7 @@ costs in cycles, clock, DRAM bytes and stalls where it runs well above the plain
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import torch
 
@@ -40,8 +41,6 @@ def _random_bf16(seed: int = 0):
 
 def short_k_dact_cases():
     from ..kernels import ops
-    import dataclasses
-
     from ..kernels.config import big_pingpong_config, default_config
 
     T, d, h = 8192, 1024, 2816
@@ -70,8 +69,6 @@ def epilogue_gap_cases(shapes):
     """Per (T, d, h, act): fc1 + act, plain fc1 (the same config: store and act choose alike),
     the dact, plain dy@W2 in the dact's config, plain dy@W2 in its default config, and the
     direct dact (GemmConfig.dact_direct) in the dact's config."""
-    import dataclasses
-
     from ..activations import get_activation
     from ..kernels import ops
     from ..kernels.config import default_config
