@@ -203,9 +203,15 @@ class GemmConfig:
     # stays (dact_prefetch slots per warpgroup), each slot refilled as soon as the warpgroup has
     # read it. Other epilogues ignore it.
     dact_direct: bool = False
+    # act: preact and postact go from registers straight to global memory (each consumer thread
+    # stores its accumulator pairs where they are in bounds), with no shared-memory staging, TMA
+    # store, fence or barrier; the shared memory the epilogue gave up goes to A/B stages. Every
+    # tile and schedule, stream-K included. Other epilogues ignore it.
+    act_direct: bool = False
 
     def __post_init__(self):
-        for name in ("l2_prefetch", "stream_k", "dact_pair_swap", "serpentine", "dact_direct"):
+        for name in ("l2_prefetch", "stream_k", "dact_pair_swap", "serpentine", "dact_direct",
+                     "act_direct"):
             # a string such as "no" would otherwise switch the option on without a word
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be True or False")
@@ -314,6 +320,7 @@ class GemmConfig:
         st += "" if self.raster_along == "n" else "_rm"
         st += "_sp" if self.serpentine else ""
         st += "_dd" if self.dact_direct else ""
+        st += "_ad" if self.act_direct else ""
         return (
             f"t{self.tile_m}x{self.tile_n}_c{self.cluster_m}x{self.cluster_n}"
             f"_g{self.raster_group}_sm{self.num_sms}{sched}{cons}{pf}{l2}{st}"

@@ -11,7 +11,8 @@ like the others. The dact's preact arrives by TMA load into a small smem ring, l
 the subtile being computed (config.dact_prefetch; by default a pingpong warpgroup has two slots
 and writes dpreact back over the preact it read). The direct dact (config.dact_direct) stages
 nothing: the kernel reads preact into registers and stores from registers, with `dact_unit`'s
-math.
+math; the direct act (config.act_direct) stores preact and postact from registers, with
+`act_unit`'s.
 
 The variants and their host-side description are in epilogue_spec.py (``EpilogueSpec``).
 
@@ -40,6 +41,16 @@ class Epilogue:
         # The gated dact's pair permutation for odd rows (set by the kernel at trace time; see
         # PersistentGemmSm90._pair_swap), or None.
         self.pair_swap = None
+
+    def act_unit(self, x0, x1):
+        """The postact of an accumulator pair (fp32 preact of adjacent columns; gated: its gate
+        and up): one value when gated, one per column otherwise. Shared by `visit` and the
+        kernel's direct act."""
+        s = self.spec
+        m = DEVICE_MATH
+        if cutlass.const_expr(s.gated):
+            return (s.act.fn(x0, x1, m),)
+        return s.act.fn(x0, m), s.act.fn(x1, m)
 
     def dact_unit(self, pre, t: int, dy):
         """The dact of accumulator t (0 or 1) of a pair, from the pair's preact vector `pre`
@@ -97,15 +108,14 @@ class Epilogue:
             if cutlass.const_expr(s.has_tma_d):
                 for v in cutlass.range_constexpr(S):
                     rD[v] = rAcc[v]
-            if cutlass.const_expr(not s.gated):
-                for v in cutlass.range_constexpr(S):
-                    rP[v] = s.act.fn(rAcc[v], m)
-            else:
-                # Registers 2j, 2j+1 hold the (gate, up) columns of one unit.
-                for j in cutlass.range_constexpr(S // 2):
+            # Registers 2j, 2j+1 hold adjacent columns: gated, the (gate, up) of one unit.
+            for j in cutlass.range_constexpr(S // 2):
+                post = self.act_unit(rAcc[2 * j], rAcc[2 * j + 1])
+                if cutlass.const_expr(not s.gated):
+                    rP[2 * j], rP[2 * j + 1] = post
+                else:
                     r, c = tCcT[base + 2 * j]
-                    y = s.act.fn(rAcc[2 * j], rAcc[2 * j + 1], m)
-                    sH[r, (c - col0) // 2] = y.to(sH.element_type)
+                    sH[r, (c - col0) // 2] = post[0].to(sH.element_type)
         if cutlass.const_expr(s.kind == "dact"):
             if cutlass.const_expr(not s.gated):
                 # Registers 2j, 2j+1 are columns (c, c+1), c even: one 4-byte vector of preact.

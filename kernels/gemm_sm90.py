@@ -48,6 +48,8 @@ import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync
 from cutlass.cute.runtime import make_fake_tensor
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import dsl_user_op
 
 from . import mainloop, tile_scheduler
 from .config import CACHE_HINTS, TILE_K, GemmConfig
@@ -112,6 +114,9 @@ class PersistentGemmSm90:
         # warpgroup keeps its preact ring (channel L, dact_prefetch slots), frees each slot once
         # its warps have read it, and stages no output (_direct_epilogue_tile).
         self.dact_direct = config.dact_direct and epilogue.kind == "dact"
+        # act_direct: preact and postact go from registers straight to global memory after the
+        # tile's mainloop (_direct_act), in every schedule: no epilogue channel at all.
+        self.act_direct = config.act_direct and epilogue.kind == "act"
         self.preact_in_registers = self.dact_direct and not self.pingpong
         self.dpre_in_place = (epilogue.kind == "dact" and not self.dact_direct
                               and (config.dact_prefetch > 1 or self.pingpong))
@@ -140,7 +145,8 @@ class PersistentGemmSm90:
     #
     # Epilogue "channels": every output leaves the SM as a (tile_m x w) subtile staged in shared
     # memory and written by one TMA store; preact (dact) arrives the same way by TMA load. The
-    # direct dact (config.dact_direct) has no channel: it loads and stores from registers.
+    # direct dact and act (config.dact_direct, act_direct) have none: they load and store from
+    # registers (a pingpong direct dact keeps its preact ring, L).
     #   D  acc-shaped (w = epi_n):     D / preact / non-gated dpreact     stmatrix
     #   P  acc-shaped (w = epi_n):     postact (non-gated act, any dact)  stmatrix
     #   H  half width (w = epi_n / 2): gated act's postact                per-element smem stores
@@ -152,6 +158,8 @@ class PersistentGemmSm90:
         e = self.epi
         w = self.epi_tile[1]
         in_place = self.dpre_in_place  # dpreact leaves from the preact ring (L) instead
+        if self.act_direct:
+            return {c: 0 for c in ("D", "P", "H", "X", "L")}
         if self.dact_direct:
             widths = {c: 0 for c in ("D", "P", "H", "X", "L")}
             if not self.preact_in_registers:
@@ -337,8 +345,13 @@ class PersistentGemmSm90:
                 f"exceeds {SMEM_CAPACITY} B"
             )
 
-        # dact_direct reads (cooperative) and writes the global tensors themselves.
-        direct = (mPreIn, mDpre if self.epi.gated else mD, mPost) if self.dact_direct else (None, None, None)
+        # The direct epilogues read (the cooperative dact's preact) and write the global tensors
+        # themselves: (preact in, dpreact or preact out, postact out).
+        direct = (None, None, None)
+        if cutlass.const_expr(self.dact_direct):
+            direct = (mPreIn, mDpre if self.epi.gated else mD, mPost)
+        elif cutlass.const_expr(self.act_direct):
+            direct = (None, mD, mPost)
         self.kernel(
             tma_a, tA, tma_b, tB, tma_d, tD, tma_p, tP, tma_h, tH, tma_x, tX, tma_l, tL, tma_f, tF,
             *direct, mBias, mCounter, m_size, n_size, self.tiled_mma, self.tiled_mma_first, self.sA_layout, self.sB_layout,
@@ -533,12 +546,30 @@ class PersistentGemmSm90:
                 epi_count = cutlass.Int32(0)
                 tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
                 tiled_mma_first.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
+                direct_offs = None
+                if cutlass.const_expr(self.act_direct):
+                    direct_offs = self._value_offsets(
+                        lambda t: tiled_mma.get_slice(t).partition_C(cute.make_identity_tensor((tm, tn))),
+                        self.num_mma_threads,
+                    )
                 if cutlass.const_expr(self.stream_k):
                     self._consume_stream_k(
                         ab_pipeline, read_state, release_state, tiled_mma, tiled_mma_first, acc, tCrA, tCrB, k_tiles,
                         sched_params, mCounter, mma_tidx, thr_mma, gcG, ep, acc_of, tCcT,
                         warp_idx == store_warp, epi_barrier, store_pipeline, mBias, n_size, S,
+                        direct_offs, mDirX, mDirP, m_size,
                     )
+                elif cutlass.const_expr(self.act_direct):
+                    # The MMA's own partition: a 256-row tile's two atoms need no copy order here.
+                    cT = thr_mma.partition_C(cute.make_identity_tensor((tm, tn)))
+                    while work.is_valid_tile:
+                        tc = work.tile_idx
+                        read_state, release_state = mainloop.consume_tile(
+                            ab_pipeline, read_state, release_state, tiled_mma, tiled_mma_first, acc, tCrA, tCrB, k_tiles
+                        )
+                        self._direct_act(acc, tc, cT, direct_offs, mDirX, mDirP, mBias, m_size, n_size)
+                        sched.advance_to_next_work()
+                        work = sched.get_current_work()
                 elif cutlass.const_expr(self.preact_in_registers):
                     offs = self._value_offsets(
                         lambda t: tiled_mma.get_slice(t).partition_C(cute.make_identity_tensor((tm, tn))),
@@ -634,11 +665,13 @@ class PersistentGemmSm90:
         self, ab_pipeline, read_state, release_state, tiled_mma, tiled_mma_first, acc, tCrA, tCrB, k_tiles,
         sched_params, mWork, mma_tidx, thr_mma, gcG, ep, acc_of, tCcT,
         is_store_warp, epi_barrier, store_pipeline, mBias, n_size, S: cutlass.Constexpr,
+        direct_offs, mDirX, mDirP, m_size,
     ):
         """The cooperative consumers' side of stream-K: whole tiles as usual, then the pieces of
         this cluster's segment. A contributor piece leaves its accumulators in its CTA's
         workspace slot and adds its K-block count to the tile's flag; the owner piece waits for
-        the flag, adds the slots of the later clusters in order, and runs the epilogue."""
+        the flag, adds the slots of the later clusters in order, and runs the epilogue (the
+        direct act's with config.act_direct; tCcT is the MMA's partition, tiles of <= 128 rows)."""
         dp_end, sk_iters, grid = tile_scheduler.stream_k_plan(sched_params, k_tiles)
         cta = tile_scheduler.cta_in_cluster(sched_params)
         c = cutlass.Int32(cute.arch.block_idx()[2])
@@ -661,10 +694,13 @@ class PersistentGemmSm90:
             read_state, release_state = mainloop.consume_tile(
                 ab_pipeline, read_state, release_state, tiled_mma, tiled_mma_first, acc, tCrA, tCrB, k_tiles
             )
-            epi_count = self._epilogue_tile(
-                ep, tc, acc_of, tCcT, thr_mma.partition_C(gcG[(None, None, tc[0], tc[1])]),
-                epi_count, 0, is_store_warp, epi_barrier, store_pipeline, mBias, n_size, S, True, False,
-            )
+            if cutlass.const_expr(self.act_direct):
+                self._direct_act(acc, tc, tCcT, direct_offs, mDirX, mDirP, mBias, m_size, n_size)
+            else:
+                epi_count = self._epilogue_tile(
+                    ep, tc, acc_of, tCcT, thr_mma.partition_C(gcG[(None, None, tc[0], tc[1])]),
+                    epi_count, 0, is_store_warp, epi_barrier, store_pipeline, mBias, n_size, S, True, False,
+                )
             idx += grid
 
         it, end = tile_scheduler.stream_k_segment(c, grid, sk_iters)
@@ -709,10 +745,13 @@ class PersistentGemmSm90:
                             for i in cutlass.range_constexpr(n_acc):
                                 acc[i] = acc[i] + parts[base + i * threads]
                 tc = tile_scheduler.work_at(sched_params, dp_end + t, cta).tile_idx
-                epi_count = self._epilogue_tile(
-                    ep, tc, acc_of, tCcT, thr_mma.partition_C(gcG[(None, None, tc[0], tc[1])]),
-                    epi_count, 0, is_store_warp, epi_barrier, store_pipeline, mBias, n_size, S, True, False,
-                )
+                if cutlass.const_expr(self.act_direct):
+                    self._direct_act(acc, tc, tCcT, direct_offs, mDirX, mDirP, mBias, m_size, n_size)
+                else:
+                    epi_count = self._epilogue_tile(
+                        ep, tc, acc_of, tCcT, thr_mma.partition_C(gcG[(None, None, tc[0], tc[1])]),
+                        epi_count, 0, is_store_warp, epi_barrier, store_pipeline, mBias, n_size, S, True, False,
+                    )
             it = (t + 1) * k_tiles
 
     # ---- pingpong consumers --------------------------------------------------------------------
@@ -751,6 +790,13 @@ class PersistentGemmSm90:
             direct_offs = self._value_offsets(
                 lambda t: ep.r2s_d.get_slice(t).partition_S(cute.make_identity_tensor((tm, tn))), 128
             )
+        mma_cT = None
+        if cutlass.const_expr(self.act_direct):
+            # The direct act walks the accumulators in the MMA's own order (no smem subtiles).
+            mma_cT = thr_mma.partition_C(cute.make_identity_tensor((tm, tn)))
+            direct_offs = self._value_offsets(
+                lambda t: tiled_mma.get_slice(t).partition_C(cute.make_identity_tensor((tm, tn))), 128
+            )
 
         # This warpgroup's own 128-thread barrier and store warp (its first warp); its TMA store
         # groups are that warp's own, so the two warpgroups' store pipelines are independent.
@@ -788,7 +834,9 @@ class PersistentGemmSm90:
             )
             mainloop.order_wait(PP_EPI_ORDER, wg)
             tile_cG = ep.thr_r2s_d.partition_S(gcG[(None, None, tc[0], tc[1])])
-            if cutlass.const_expr(self.dact_direct):
+            if cutlass.const_expr(self.act_direct):
+                self._direct_act(acc, tc, mma_cT, direct_offs, mDirX, mDirP, mBias, m_size, n_size)
+            elif cutlass.const_expr(self.dact_direct):
                 l_count = self._direct_epilogue_tile(
                     ep, tc, acc_of, tRS_cT, direct_offs, l_count, wg, is_store_warp, epi_barrier, mDirX, mDirP,
                     m_size, n_size, S,
@@ -973,14 +1021,14 @@ class PersistentGemmSm90:
         return offs
 
     @cute.jit
-    def _direct_base(self, t: cute.Tensor, tc, rc, pairs: cutlass.Constexpr):
+    def _direct_base(self, t: cute.Tensor, tc, rc, per_col: cutlass.Constexpr, cols_per: cutlass.Constexpr = 1):
         """The byte address in global tensor t of this thread's value 0 in tile tc (rc: its
-        coordinates in the tile); `pairs`: t holds two elements per accumulator column."""
+        coordinates in the tile, an even column); t holds per_col elements per cols_per
+        accumulator columns (2, 1: the gated dact's pairs; 1, 2: the gated act's postact)."""
         tm, tn, _ = self.tile_shape_mnk
-        f = 2 if cutlass.const_expr(pairs) else 1
         r = tc[0] * tm + rc[0]
         c = tc[1] * tn + rc[1]
-        elems = cutlass.Int64(r) * cutlass.Int64(t.layout.stride[0]) + cutlass.Int64(c * f)
+        elems = cutlass.Int64(r) * cutlass.Int64(t.layout.stride[0]) + cutlass.Int64(c * per_col // cols_per)
         return t.iterator.toint() + elems * (t.element_type.width // 8)
 
     def _row_steps(self, t: cute.Tensor, offs):
@@ -989,15 +1037,12 @@ class PersistentGemmSm90:
         return {dr: cutlass.Int64(dr * eb) * cutlass.Int64(t.layout.stride[0]) for dr in sorted({o[0] for o in offs})}
 
     def _direct_put(self, values: cute.Tensor, addr, ok: cute.Tensor):
-        """Store the register vector `values` at byte address addr of global memory where ok[0]
-        (one predicated store instruction, no branch)."""
+        """Store the register vector `values` (2, 4 or 8 bytes) at byte address addr of global
+        memory where ok[0]: one predicated store instruction (store_global_if), no branch."""
         bits = cute.size(values) * values.element_type.width
-        word = cutlass.Int64 if bits == 64 else cutlass.Int32
-        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), word, num_bits_per_copy=bits)
-        src = cute.recast_tensor(values, word)
-        dst = self._vector_at(word, addr, 1)
-        cute.copy(atom, cute.make_tensor(src.iterator, cute.make_layout((1, 1))),
-                  cute.make_tensor(dst.iterator, cute.make_layout((1, 1))), pred=ok)
+        word = cutlass.Int16 if bits == 16 else cutlass.Int32
+        words = cute.recast_tensor(values, word)
+        store_global_if(addr, [words[i] for i in range(bits // word.width)], ok[0])
 
     @staticmethod
     def _vector_at(dtype, addr, n: int):
@@ -1021,7 +1066,7 @@ class PersistentGemmSm90:
         rows = m_size - tc[0] * tm
         cols = n_size - tc[1] * tn
         if rows >= tm and cols >= tn:
-            base = self._direct_base(mL, tc, cT[0], gated)
+            base = self._direct_base(mL, tc, cT[0], 2 if gated else 1)
             step = self._row_steps(mL, offs)
             eb = self.d_dtype.width // 8
             for j in cutlass.range_constexpr(n_pairs):
@@ -1060,8 +1105,8 @@ class PersistentGemmSm90:
         w = 4 if cutlass.const_expr(gated) else 2
         eb = self.d_dtype.width // 8
         pb = self.post_dtype.width // 8
-        base_x = self._direct_base(mX, tc, cT[0], gated)
-        base_p = self._direct_base(mP, tc, cT[0], False)
+        base_x = self._direct_base(mX, tc, cT[0], 2 if gated else 1)
+        base_p = self._direct_base(mP, tc, cT[0], 1)
         step_x = self._row_steps(mX, offs)
         step_p = self._row_steps(mP, offs)
         r0, c0 = cT[0]
@@ -1080,6 +1125,54 @@ class PersistentGemmSm90:
             ok[0] = r0 + dr < rows and c0 + dc < cols
             self._direct_put(dpre, base_x + step_x[dr] + dc * (w // 2) * eb, ok)
             self._direct_put(post, base_p + step_p[dr] + dc * pb, ok)
+
+    @cute.jit
+    def _direct_act(self, acc: cute.Tensor, tc, cT: cute.Tensor, offs, mX: Optional[cute.Tensor],
+                    mP: cute.Tensor, mBias: Optional[cute.Tensor], m_size: cutlass.Int32, n_size: cutlass.Int32):
+        """The direct act of tile tc (config.act_direct): each accumulator pair's preact (+ bias;
+        stored to mX unless that is None) and postact (to mP; gated, one element at half the
+        column), computed by the staged epilogue's math (Epilogue.act_unit, the same fp32 adds
+        of the bias) and stored from registers straight to global memory where in bounds. cT:
+        the accumulators' tile coordinates in the MMA's order, offs: their offsets from value 0.
+
+        A pair is stored whole or not at all: N must be even (gated N is; ops._plan gives a
+        non-gated odd N the staged act, whose TMA stores stop at the row's end)."""
+        tm, tn, _ = self.tile_shape_mnk
+        gated = self.epi.gated
+        store_pre = mX is not None
+        eb = self.d_dtype.width // 8
+        pb = self.post_dtype.width // 8
+        rows = m_size - tc[0] * tm
+        cols = n_size - tc[1] * tn
+        r0, c0 = cT[0]
+        base_p = self._direct_base(mP, tc, cT[0], 1, 2 if gated else 1)
+        step_p = self._row_steps(mP, offs)
+        base_x = step_x = None
+        if cutlass.const_expr(store_pre):
+            base_x = self._direct_base(mX, tc, cT[0], 1)
+            step_x = self._row_steps(mX, offs)
+        pre = cute.make_rmem_tensor(2, self.d_dtype)
+        post = cute.make_rmem_tensor(1 if gated else 2, self.post_dtype)
+        for j in cutlass.range_constexpr(cute.size(cT) // 2):
+            v = 2 * j
+            dr, dc = offs[v]
+            x0 = acc[v]
+            x1 = acc[v + 1]
+            if cutlass.const_expr(self.epi.has_bias):
+                # Columns past N get N - 1's bias: their results are never stored.
+                n = tc[1] * tn + c0 + dc
+                x0 = x0 + cutlass.Float32(mBias[cutlass.min(n, n_size - 1)])
+                x1 = x1 + cutlass.Float32(mBias[cutlass.min(n + 1, n_size - 1)])
+            ys = self.epilogue.act_unit(x0, x1)
+            pre[0] = x0.to(self.d_dtype)
+            pre[1] = x1.to(self.d_dtype)
+            for i in cutlass.range_constexpr(len(ys)):
+                post[i] = ys[i].to(self.post_dtype)
+            ok = cute.make_rmem_tensor(1, cutlass.Boolean)
+            ok[0] = r0 + dr < rows and c0 + dc < cols
+            if cutlass.const_expr(store_pre):
+                self._direct_put(pre, base_x + step_x[dr] + dc * eb, ok)
+            self._direct_put(post, base_p + step_p[dr] + (dc // 2 if cutlass.const_expr(gated) else dc) * pb, ok)
 
     @cute.jit
     def _direct_epilogue_tile(
@@ -1208,6 +1301,34 @@ class PersistentGemmSm90:
             epi_barrier.arrive_and_wait()
             count += 1
         return count
+
+
+@dsl_user_op
+def store_global_if(addr, words, ok, *, loc=None, ip=None):
+    """`@p st.global` of `words` (one 16-bit integer, or one or two 32-bit ones: a 2-, 4- or
+    8-byte vector) at byte address `addr` where the Boolean `ok` holds. Inline PTX rather than
+    a copy under `pred=`: the DSL lowers that to a branch around the store, LLVM then sinks the
+    math that only the store uses into the branch, and ptxas keeps it a branch (BSSY / BRA /
+    BSYNC around every pair of the gated direct act: 1465 epilogue instructions at 128x128
+    against 1269 staged; sm_90a, ptxas 13.0). Opaque to LLVM, the store leaves the math where
+    it is, and ptxas predicates the one instruction."""
+    bits = words[0].width
+    n = len(words)
+    reg = "h" if bits == 16 else "r"
+    values = "$1" if n == 1 else "{" + ", ".join(f"${i + 1}" for i in range(n)) + "}"
+    vec = "" if n == 1 else f".v{n}"
+    llvm.inline_asm(
+        None,
+        [cutlass.Int64(addr).ir_value(loc=loc, ip=ip)] + [w.ir_value(loc=loc, ip=ip) for w in words]
+        + [cutlass.Boolean(ok).ir_value(loc=loc, ip=ip)],
+        f"@${n + 1} st.global{vec}.b{bits} [$0], {values};",
+        "l," + ",".join([reg] * n) + ",b,~{memory}",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc,
+        ip=ip,
+    )
 
 
 def _subtile_order(tiled_mma, r2s, tm: int, tn: int):

@@ -73,7 +73,32 @@ def variants(quick: bool = False):
     out += stream_k_variants(quick)
     out += pair_swap_off_variants(quick)
     out += dact_direct_variants(quick)
+    out += act_direct_variants(quick)
     return out
+
+
+def act_direct_variants(quick: bool = False):
+    """The direct act (config.act_direct: preact and postact straight to global memory): gated
+    and not at the big fc1's pingpong 128x192 and the narrow shards' cooperative 128x256 tile;
+    the full check adds a bias, postact alone (recompute's forward), stream-K, a 256-row tile,
+    a 64-row pingpong tile and fp16."""
+    pp = GemmConfig(128, 192, 2, 1, 16, consumers="pingpong", act_direct=True)
+    coop = GemmConfig(128, 256, 2, 1, 8, act_direct=True)
+    bf = ("bfloat16", "row", "col", "bfloat16")
+    keys = [KernelKey(EpilogueSpec("act", a), cfg, *bf)
+            for cfg, a in ((pp, "swiglu"), (coop, "gelu_tanh_approx"), (coop, "swiglu"))]
+    if not quick:
+        keys += [
+            KernelKey(EpilogueSpec("act", "gelu_tanh_approx", has_bias=True), pp, *bf, "bfloat16"),
+            KernelKey(EpilogueSpec("act", "swiglu", store_preact=False), pp, *bf),
+            KernelKey(EpilogueSpec("act", "swiglu", has_bias=True),
+                      GemmConfig(128, 128, 1, 1, 8, stream_k=True, act_direct=True), *bf, "bfloat16"),
+            KernelKey(EpilogueSpec("act", "geglu"), GemmConfig(256, 128, 1, 2, 8, act_direct=True), *bf),
+            KernelKey(EpilogueSpec("act", "relu"), GemmConfig(64, 128, 1, 1, 8, consumers="pingpong",
+                                                               act_direct=True), *bf),
+            KernelKey(EpilogueSpec("act", "swiglu"), pp, "float16", "row", "col", "float16"),
+        ]
+    return keys
 
 
 def dact_direct_variants(quick: bool = False):

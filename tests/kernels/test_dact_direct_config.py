@@ -102,10 +102,23 @@ def test_the_freed_shared_memory_goes_to_the_ab_ring(monkeypatch):
     assert stages_of(direct, monkeypatch) > stages_of(staged, monkeypatch)
 
 
-@pytest.mark.parametrize("act,width,dpre", [("swiglu", "v2.b32", "v4.b16"), ("gelu_tanh_approx", "b32", "v2.b16")])
+def predicated_stores(ptx: str, plain: int = 0) -> list[str]:
+    """The access of every predicated global store in the PTX ("v2.b32", "b16", ...): a direct
+    epilogue's are predicated instructions (store_global_if), not branches around a store. The
+    PTX must hold `plain` global stores besides (e.g. stream-K's partial sums)."""
+    import re
+
+    stores = re.findall(r"(\S*)\s+st\.global\.(\S+)\s", ptx)
+    predicated = [access for p, access in stores if p.startswith("@%p")]
+    assert predicated and len(stores) - len(predicated) == plain, stores
+    return predicated
+
+
+@pytest.mark.parametrize("act,width,dpre", [("swiglu", "v2.b32", "v2.b32"), ("gelu_tanh_approx", "b32", "b32")])
 def test_vector_loads_and_stores_in_the_ptx(act, width, dpre):
     """Gated: one 8-byte load of a pair's preact and one 8-byte store of its dpreact; not gated:
-    4-byte ones; postact leaves as 4-byte pairs. No shared-memory epilogue stores, no TMA store."""
+    4-byte ones; postact leaves as 4-byte pairs, every store a predicated instruction. No
+    shared-memory epilogue stores, no TMA store."""
     pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
     import re
 
@@ -115,30 +128,28 @@ def test_vector_loads_and_stores_in_the_ptx(act, width, dpre):
     key = KernelKey(EpilogueSpec("dact", act), GemmConfig(128, 128, dact_direct=True), "bfloat16", "row", "col",
                     "bfloat16")
     ptx = compile_kernel(key, keep_ptx=True).artifacts.PTX
-    # the access width: what follows ld.global / st.global and its cache qualifiers, if any
+    # the access width: what follows ld.global and its cache qualifiers, if any
     loads = [m.split("global.")[-1] for m in re.findall(r"ld\.global\S*", ptx)]
-    stores = [m.split("global.")[-1] for m in re.findall(r"st\.global\S*", ptx)]
+    stores = predicated_stores(ptx)
     # 128x128 over 256 threads: 64 accumulators, 32 pairs per thread; the loads twice (a tile
     # inside the problem, one across its edge), the stores once
     assert loads.count(width) == 64 and len(loads) == 64, loads
-    assert stores.count(dpre) >= 32 and stores.count("v2.b16") >= 32 and len(stores) == 64, stores
+    assert len(stores) == 64 and stores.count(dpre) >= 32 and stores.count("b32") >= 32, stores
     assert "cp.async.bulk.tensor.2d.global.shared" not in ptx
     assert "stmatrix" not in ptx
 
 
 def test_pingpong_stores_from_registers_and_loads_preact_by_tma():
     pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
-    import re
-
     from parallel_mlp.kernels.compile import KernelKey, compile_kernel
     from parallel_mlp.kernels.epilogue_spec import EpilogueSpec
 
     cfg = GemmConfig(128, 192, 2, 1, 16, consumers="pingpong", dact_prefetch=2, epi_n=16, dact_direct=True)
     key = KernelKey(EpilogueSpec("dact", "swiglu"), cfg, "bfloat16", "row", "col", "bfloat16")
     ptx = compile_kernel(key, keep_ptx=True).artifacts.PTX
-    stores = [m.split("global.")[-1] for m in re.findall(r"st\.global\S*", ptx)]
+    stores = predicated_stores(ptx)
     # 128x192 over one warpgroup: 192 accumulators, 96 pairs per thread
-    assert stores.count("v4.b16") == 96 and stores.count("v2.b16") == 96 and len(stores) == 192, stores
+    assert stores.count("v2.b32") == 96 and stores.count("b32") == 96 and len(stores) == 192, stores
     assert "cp.async.bulk.tensor.2d.global.shared" not in ptx and "stmatrix" not in ptx
     assert "cp.async.bulk.tensor.2d.shared::cluster.global" in ptx or "cp.async.bulk.tensor.2d.shared::cta.global" in ptx
 
