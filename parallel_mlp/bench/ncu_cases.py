@@ -14,9 +14,9 @@ the swap and without: the shared-memory wavefronts the swap saves under both swi
 direct dact (GemmConfig.dact_direct) in the default's tiles, which stages nothing in shared memory.
 ``--epilogue-gap T,d,h,act`` (repeatable) profiles, at each shape, the two epilogue GEMMs beside
 the plain GEMMs of their shapes and configs (fc1 + act and plain fc1; the dact and plain dy@W2 in
-the dact's config, and plain dy@W2 in its own default; and the direct dact): what the epilogue
-costs in cycles, clock, DRAM bytes and stalls where it runs well above the plain GEMM
-(`--launch-skip` = 6 x shapes).
+the dact's config, and plain dy@W2 in its own default; and the direct act and dact): what the
+epilogue costs in cycles, clock, DRAM bytes and stalls where it runs well above the plain GEMM
+(`--launch-skip` = 7 x shapes).
 """
 
 from __future__ import annotations
@@ -67,8 +67,9 @@ def short_k_dact_cases():
 
 def epilogue_gap_cases(shapes):
     """Per (T, d, h, act): fc1 + act, plain fc1 (the same config: store and act choose alike),
-    the dact, plain dy@W2 in the dact's config, plain dy@W2 in its default config, and the
-    direct dact (GemmConfig.dact_direct) in the dact's config."""
+    the dact, plain dy@W2 in the dact's config, plain dy@W2 in its default config, the direct
+    dact (GemmConfig.dact_direct) in the dact's config, and the direct act
+    (GemmConfig.act_direct) in fc1's."""
     from ..activations import get_activation
     from ..kernels import ops
     from ..kernels.config import default_config
@@ -80,6 +81,7 @@ def epilogue_gap_cases(shapes):
         x, w1 = rand(T, d), rand(F, d, scale=d ** -0.5)
         dy, w2, pre = rand(T, d), rand(d, h, scale=h ** -0.5), rand(T, F)
         dact_cfg = default_config(T, h, d, kind="dact")
+        act_cfg = default_config(T, F, d, kind="act")
         at = f"T={T} d={d} {act} h={h}"
         todo += [
             (f"{at}: fc1 + act", lambda x=x, w1=w1, act=act: ops.gemm_act(x, w1.t(), act)),
@@ -91,6 +93,9 @@ def epilogue_gap_cases(shapes):
             (f"{at}: dy@W2 + dact, direct",
              lambda dy=dy, w2=w2, pre=pre, act=act, cfg=dataclasses.replace(dact_cfg, dact_direct=True):
              ops.gemm_dact(dy, w2, pre, act, config=cfg)),
+            (f"{at}: fc1 + act, direct",
+             lambda x=x, w1=w1, act=act, cfg=dataclasses.replace(act_cfg, act_direct=True):
+             ops.gemm_act(x, w1.t(), act, config=cfg)),
         ]
     return todo
 
