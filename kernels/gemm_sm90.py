@@ -6,7 +6,8 @@ One CTA per SM (cluster of 1 or 2 CTAs). Warpgroup 0 is the producer: after givi
 registers away (setmaxnreg) its first warp runs the TMA loads of mainloop.produce_tile. The
 other warpgroups are consumers: they take the registers (setmaxnreg up to 232), run the WGMMA
 mainloop on their share of the tile (see "Consumer schedules" below) and then the epilogue,
-subtile by subtile, through shared memory and TMA stores. Both sides walk the same persistent
+subtile by subtile, through shared memory and TMA stores (or, with config.dact_direct /
+act_direct, from registers straight to global memory: epilogue_direct.py). Both sides walk the same persistent
 tile sequence (tile_scheduler), so while the consumers run a tile's epilogue the producer is
 already prefetching the next tile's A and B into the ring. With the static scheduler (default)
 each side computes the sequence itself; with the dynamic one (config.scheduler == "dynamic") the
@@ -18,8 +19,8 @@ blocks are shared by all clusters instead, and each tile's owner sums the pieces
 Operand majorness is a compile-time property: A may be K-major (row-major [M, K]) or M-major,
 B may be K-major or N-major; D is row-major. M, N, K and the leading strides are dynamic, so a
 compiled kernel serves every problem size of its layout; tails are handled by TMA's bounds
-(zero-filled loads, clipped stores); only the bias, read straight from global memory, needs a
-predicate.
+(zero-filled loads, clipped stores); only the bias, read straight from global memory, and the
+direct epilogues' loads and stores need predicates.
 
 Consumer schedules (config.consumers):
 - "cooperative" (default): both consumer warpgroups split one tile (64 rows each) and both run
@@ -48,12 +49,11 @@ import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync
 from cutlass.cute.runtime import make_fake_tensor
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import dsl_user_op
 
 from . import mainloop, tile_scheduler
 from .config import CACHE_HINTS, TILE_K, GemmConfig
 from .epilogue import Epilogue
+from .epilogue_direct import DirectEpilogues
 from .epilogue_spec import EpilogueSpec
 
 try:  # moved in 4.8; the old spelling still works with a deprecation warning
@@ -74,7 +74,7 @@ PP_MMA_ORDER = 3
 PP_EPI_ORDER = 5
 
 
-class PersistentGemmSm90:
+class PersistentGemmSm90(DirectEpilogues):
     def __init__(self, config: GemmConfig, epilogue: EpilogueSpec):
         self.cfg = config
         self.epi = epilogue
@@ -993,222 +993,6 @@ class PersistentGemmSm90:
             tma_bar_ptr=ep.l_mbar + slot, cache_policy=self._policy(1),
         )
 
-    # ---- the direct dact (config.dact_direct) --------------------------------------------------
-    #
-    # Accumulators 2j, 2j + 1 of a thread are columns (c, c + 1) of one row r, c even: their
-    # preact is one vector of 4 (gated: (gate, up) of both) or 2 elements at column 2c or c, and
-    # their dpreact leaves as one such vector, their postact as a pair. Four threads cover 8
-    # adjacent accumulator columns of a row, so a warp's vector access spans whole 32-byte
-    # sectors of 8 rows (dpreact, gated preact) or half sectors that the next pair's access
-    # fills (postact).
-
-    def _value_offsets(self, coords_of, threads: int):
-        """The static (row, column) offset of each value of a thread's coordinate partition from
-        its value 0, for partitions whose values sit at the same offsets in every thread:
-        coords_of(t) is thread t's (static) partition; checked on a sample of threads. A value's
-        address is then the thread's base address plus a multiple of the row stride (one per
-        distinct row offset, computed once) plus a constant."""
-        c0 = coords_of(0)
-        n = cute.size(c0)
-
-        def offsets(c):
-            return [(c[v][0] - c[0][0], c[v][1] - c[0][1]) for v in range(n)]
-
-        offs = offsets(c0)
-        for t in sorted({1, 3, 4, 31, 32, 63, 64, 127, threads - 1}):
-            if t < threads and offsets(coords_of(t)) != offs:
-                raise ValueError(f"{self.cfg.key}: thread {t}'s accumulators are not thread 0's, shifted")
-        return offs
-
-    @cute.jit
-    def _direct_base(self, t: cute.Tensor, tc, rc, per_col: cutlass.Constexpr, cols_per: cutlass.Constexpr = 1):
-        """The byte address in global tensor t of this thread's value 0 in tile tc (rc: its
-        coordinates in the tile, an even column); t holds per_col elements per cols_per
-        accumulator columns (2, 1: the gated dact's pairs; 1, 2: the gated act's postact)."""
-        tm, tn, _ = self.tile_shape_mnk
-        r = tc[0] * tm + rc[0]
-        c = tc[1] * tn + rc[1]
-        elems = cutlass.Int64(r) * cutlass.Int64(t.layout.stride[0]) + cutlass.Int64(c * per_col // cols_per)
-        return t.iterator.toint() + elems * (t.element_type.width // 8)
-
-    def _row_steps(self, t: cute.Tensor, offs):
-        """Byte offset of each distinct row offset in offs, in tensor t (a dict)."""
-        eb = t.element_type.width // 8
-        return {dr: cutlass.Int64(dr * eb) * cutlass.Int64(t.layout.stride[0]) for dr in sorted({o[0] for o in offs})}
-
-    def _direct_put(self, values: cute.Tensor, addr, ok: cute.Tensor):
-        """Store the register vector `values` (2, 4 or 8 bytes) at byte address addr of global
-        memory where ok[0]: one predicated store instruction (store_global_if), no branch."""
-        bits = cute.size(values) * values.element_type.width
-        word = cutlass.Int16 if bits == 16 else cutlass.Int32
-        words = cute.recast_tensor(values, word)
-        store_global_if(addr, [words[i] for i in range(bits // word.width)], ok[0])
-
-    @staticmethod
-    def _vector_at(dtype, addr, n: int):
-        """n elements of dtype at byte address addr of global memory, aligned to their size."""
-        ptr = cute.make_ptr(dtype, addr, cute.AddressSpace.gmem, assumed_align=n * dtype.width // 8)
-        return cute.make_tensor(ptr, cute.make_layout(n))
-
-    @cute.jit
-    def _direct_preact(self, mL: cute.Tensor, tc, cT: cute.Tensor, offs, m_size: cutlass.Int32,
-                       n_size: cutlass.Int32):
-        """Load this thread's preact of tile tc into registers (one vector per accumulator pair;
-        cT: the accumulators' tile coordinates, offs: their offsets from value 0), issued before
-        the tile's mainloop so the loads land while it runs. In a tile across the problem's edge,
-        coordinates past it are clamped onto its last row / pair (in bounds; their results are
-        never stored)."""
-        tm, tn, _ = self.tile_shape_mnk
-        gated = self.epi.gated
-        w = 4 if cutlass.const_expr(gated) else 2
-        n_pairs = cute.size(cT) // 2
-        pre = cute.make_rmem_tensor((w, n_pairs), self.d_dtype)
-        rows = m_size - tc[0] * tm
-        cols = n_size - tc[1] * tn
-        if rows >= tm and cols >= tn:
-            base = self._direct_base(mL, tc, cT[0], 2 if gated else 1)
-            step = self._row_steps(mL, offs)
-            eb = self.d_dtype.width // 8
-            for j in cutlass.range_constexpr(n_pairs):
-                dr, dc = offs[2 * j]
-                src = self._vector_at(self.d_dtype, base + step[dr] + dc * (w // 2) * eb, w)
-                pre[None, j].store(src.load())
-        else:
-            vectors = cute.zipped_divide(mL, (1, w))  # ((1, w), (rows, vectors per row))
-            for j in cutlass.range_constexpr(n_pairs):
-                r, c = cT[2 * j]
-                r = cutlass.min(r, rows - 1) + tc[0] * tm
-                c = cutlass.min(c, cols - 2) + tc[1] * tn
-                pre[None, j].store(vectors[((0, None), (r, c // 2))].load())
-        return pre
-
-    @cute.jit
-    def _direct_dact(self, acc: cute.Tensor, pre: cute.Tensor, tc, cT: cute.Tensor, offs, mX: cute.Tensor,
-                     mP: cute.Tensor, m_size: cutlass.Int32, n_size: cutlass.Int32):
-        """dpreact and postact of tile tc from its accumulators (dpostact) and the preact
-        registers of _direct_preact, each pair stored to global memory where it is in bounds."""
-        tm, tn, _ = self.tile_shape_mnk
-        self._direct_pairs(
-            mX, mP, tc, cT, offs, m_size - tc[0] * tm, n_size - tc[1] * tn, 0, cute.size(cT),
-            lambda j: pre[None, j].load(), lambda v: acc[v],
-        )
-
-    @cute.jit
-    def _direct_pairs(self, mX: cute.Tensor, mP: cute.Tensor, tc, cT: cute.Tensor, offs, rows, cols,
-                      v0: cutlass.Constexpr, n: cutlass.Constexpr, preact_of, acc_of):
-        """Values v0 .. v0 + n - 1 of this thread (n // 2 accumulator pairs; cT their tile
-        coordinates, offs their offsets from value 0): each pair's dpreact and postact from its
-        preact vector preact_of(j) and accumulators acc_of(v), stored from registers straight to
-        global memory where in bounds (rows, cols: the tile's extent inside the problem). Each
-        address is a base per tile plus a row step plus a constant."""
-        gated = self.epi.gated
-        w = 4 if cutlass.const_expr(gated) else 2
-        eb = self.d_dtype.width // 8
-        pb = self.post_dtype.width // 8
-        base_x = self._direct_base(mX, tc, cT[0], 2 if gated else 1)
-        base_p = self._direct_base(mP, tc, cT[0], 1)
-        step_x = self._row_steps(mX, offs)
-        step_p = self._row_steps(mP, offs)
-        r0, c0 = cT[0]
-        dpre = cute.make_rmem_tensor(w, self.d_dtype)
-        post = cute.make_rmem_tensor(2, self.post_dtype)
-        for j in cutlass.range_constexpr(n // 2):
-            v = v0 + 2 * j
-            dr, dc = offs[v]
-            x = preact_of(v // 2).to(cutlass.Float32)
-            for t in cutlass.range_constexpr(2):
-                dvals, p = self.epilogue.dact_unit(x, t, acc_of(v + t))
-                for i in cutlass.range_constexpr(len(dvals)):
-                    dpre[len(dvals) * t + i] = dvals[i].to(self.d_dtype)
-                post[t] = p.to(self.post_dtype)
-            ok = cute.make_rmem_tensor(1, cutlass.Boolean)
-            ok[0] = r0 + dr < rows and c0 + dc < cols
-            self._direct_put(dpre, base_x + step_x[dr] + dc * (w // 2) * eb, ok)
-            self._direct_put(post, base_p + step_p[dr] + dc * pb, ok)
-
-    @cute.jit
-    def _direct_act(self, acc: cute.Tensor, tc, cT: cute.Tensor, offs, mX: Optional[cute.Tensor],
-                    mP: cute.Tensor, mBias: Optional[cute.Tensor], m_size: cutlass.Int32, n_size: cutlass.Int32):
-        """The direct act of tile tc (config.act_direct): each accumulator pair's preact (+ bias;
-        stored to mX unless that is None) and postact (to mP; gated, one element at half the
-        column), computed by the staged epilogue's math (Epilogue.act_unit, the same fp32 adds
-        of the bias) and stored from registers straight to global memory where in bounds. cT:
-        the accumulators' tile coordinates in the MMA's order, offs: their offsets from value 0.
-
-        A pair is stored whole or not at all: N must be even (gated N is; ops._plan gives a
-        non-gated odd N the staged act, whose TMA stores stop at the row's end)."""
-        tm, tn, _ = self.tile_shape_mnk
-        gated = self.epi.gated
-        store_pre = mX is not None
-        eb = self.d_dtype.width // 8
-        pb = self.post_dtype.width // 8
-        rows = m_size - tc[0] * tm
-        cols = n_size - tc[1] * tn
-        r0, c0 = cT[0]
-        base_p = self._direct_base(mP, tc, cT[0], 1, 2 if gated else 1)
-        step_p = self._row_steps(mP, offs)
-        base_x = step_x = None
-        if cutlass.const_expr(store_pre):
-            base_x = self._direct_base(mX, tc, cT[0], 1)
-            step_x = self._row_steps(mX, offs)
-        pre = cute.make_rmem_tensor(2, self.d_dtype)
-        post = cute.make_rmem_tensor(1 if gated else 2, self.post_dtype)
-        for j in cutlass.range_constexpr(cute.size(cT) // 2):
-            v = 2 * j
-            dr, dc = offs[v]
-            x0 = acc[v]
-            x1 = acc[v + 1]
-            if cutlass.const_expr(self.epi.has_bias):
-                # Columns past N get N - 1's bias: their results are never stored.
-                n = tc[1] * tn + c0 + dc
-                x0 = x0 + cutlass.Float32(mBias[cutlass.min(n, n_size - 1)])
-                x1 = x1 + cutlass.Float32(mBias[cutlass.min(n + 1, n_size - 1)])
-            ys = self.epilogue.act_unit(x0, x1)
-            pre[0] = x0.to(self.d_dtype)
-            pre[1] = x1.to(self.d_dtype)
-            for i in cutlass.range_constexpr(len(ys)):
-                post[i] = ys[i].to(self.post_dtype)
-            ok = cute.make_rmem_tensor(1, cutlass.Boolean)
-            ok[0] = r0 + dr < rows and c0 + dc < cols
-            if cutlass.const_expr(store_pre):
-                self._direct_put(pre, base_x + step_x[dr] + dc * eb, ok)
-            self._direct_put(post, base_p + step_p[dr] + (dc // 2 if cutlass.const_expr(gated) else dc) * pb, ok)
-
-    @cute.jit
-    def _direct_epilogue_tile(
-        self, ep, tc, acc_of, cT, offs, count, wg, is_store_warp, epi_barrier, mX: cute.Tensor, mP: cute.Tensor,
-        m_size: cutlass.Int32, n_size: cutlass.Int32, S: cutlass.Constexpr,
-    ):
-        """A pingpong warpgroup's direct dact of one tile (config.dact_direct), epi_n accumulator
-        columns at a time; returns `count` advanced by the tile's subtiles. Per subtile: wait for
-        its preact slot, read every pair's preact vector from it, and once the warpgroup's warps
-        all have (its barrier), refill the slot with the subtile l_ring ahead; then compute and
-        store each pair's dpreact and postact straight to global memory where it is in bounds.
-        No output touches shared memory, so there is no fence, TMA store or store wait, and
-        the slot's next load starts before the math instead of after the stores."""
-        tm, tn, _ = self.tile_shape_mnk
-        w = self.epi_tile[1]
-        num_sub = tn // w
-        v = 4 if cutlass.const_expr(self.epi.gated) else 2
-        for e in cutlass.range_constexpr(num_sub):
-            lslot = wg * self.l_ring + count % self.l_ring
-            cute.arch.mbarrier_wait(ep.l_mbar + lslot, (count // self.l_ring) % 2)
-            pre_vectors = cute.zipped_divide(ep.sL[(None, None, lslot)], (1, v))
-            pres = []
-            for j in cutlass.range_constexpr(S // 2):
-                r, c = cT[e * S + 2 * j]
-                pres.append(pre_vectors[((0, None), (r, (c - e * w) // 2))].load())
-            epi_barrier.arrive_and_wait()
-            if cutlass.const_expr(e + self.l_ring < num_sub):
-                if is_store_warp:
-                    self._load_preact(ep, tc, e + self.l_ring, count + self.l_ring, wg)
-            self._direct_pairs(
-                mX, mP, tc, cT, offs, m_size - tc[0] * tm, n_size - tc[1] * tn, e * S, S,
-                lambda q: pres[q - e * S // 2], lambda a: ep.tRS_acc[acc_of[a]],
-            )
-            count += 1
-        return count
-
     def _policy(self, which: int):
         """The L2 policy operand of config.cache_hints for A/B loads (0), epilogue loads (1) or
         epilogue stores (2): a constant Int64, or None for the DSL's default."""
@@ -1301,34 +1085,6 @@ class PersistentGemmSm90:
             epi_barrier.arrive_and_wait()
             count += 1
         return count
-
-
-@dsl_user_op
-def store_global_if(addr, words, ok, *, loc=None, ip=None):
-    """`@p st.global` of `words` (one 16-bit integer, or one or two 32-bit ones: a 2-, 4- or
-    8-byte vector) at byte address `addr` where the Boolean `ok` holds. Inline PTX rather than
-    a copy under `pred=`: the DSL lowers that to a branch around the store, LLVM then sinks the
-    math that only the store uses into the branch, and ptxas keeps it a branch (BSSY / BRA /
-    BSYNC around every pair of the gated direct act: 1465 epilogue instructions at 128x128
-    against 1269 staged; sm_90a, ptxas 13.0). Opaque to LLVM, the store leaves the math where
-    it is, and ptxas predicates the one instruction."""
-    bits = words[0].width
-    n = len(words)
-    reg = "h" if bits == 16 else "r"
-    values = "$1" if n == 1 else "{" + ", ".join(f"${i + 1}" for i in range(n)) + "}"
-    vec = "" if n == 1 else f".v{n}"
-    llvm.inline_asm(
-        None,
-        [cutlass.Int64(addr).ir_value(loc=loc, ip=ip)] + [w.ir_value(loc=loc, ip=ip) for w in words]
-        + [cutlass.Boolean(ok).ir_value(loc=loc, ip=ip)],
-        f"@${n + 1} st.global{vec}.b{bits} [$0], {values};",
-        "l," + ",".join([reg] * n) + ",b,~{memory}",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-        loc=loc,
-        ip=ip,
-    )
 
 
 def _subtile_order(tiled_mma, r2s, tm: int, tn: int):
