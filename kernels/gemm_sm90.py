@@ -688,19 +688,16 @@ class PersistentGemmSm90(DirectEpilogues):
         )
         epi_count = cutlass.Int32(0)
 
+        # what every tile's epilogue takes besides its index and the subtile count
+        epi_args = (acc, ep, acc_of, tCcT, thr_mma, gcG, is_store_warp, epi_barrier, store_pipeline, mBias,
+                    n_size, S, direct_offs, mDirX, mDirP, m_size)
         idx = c
         while idx < dp_end:
             tc = tile_scheduler.work_at(sched_params, idx, cta).tile_idx
             read_state, release_state = mainloop.consume_tile(
                 ab_pipeline, read_state, release_state, tiled_mma, tiled_mma_first, acc, tCrA, tCrB, k_tiles
             )
-            if cutlass.const_expr(self.act_direct):
-                self._direct_act(acc, tc, tCcT, direct_offs, mDirX, mDirP, mBias, m_size, n_size)
-            else:
-                epi_count = self._epilogue_tile(
-                    ep, tc, acc_of, tCcT, thr_mma.partition_C(gcG[(None, None, tc[0], tc[1])]),
-                    epi_count, 0, is_store_warp, epi_barrier, store_pipeline, mBias, n_size, S, True, False,
-                )
+            epi_count = self._stream_k_tile_epilogue(tc, epi_count, *epi_args)
             idx += grid
 
         it, end = tile_scheduler.stream_k_segment(c, grid, sk_iters)
@@ -745,14 +742,24 @@ class PersistentGemmSm90(DirectEpilogues):
                             for i in cutlass.range_constexpr(n_acc):
                                 acc[i] = acc[i] + parts[base + i * threads]
                 tc = tile_scheduler.work_at(sched_params, dp_end + t, cta).tile_idx
-                if cutlass.const_expr(self.act_direct):
-                    self._direct_act(acc, tc, tCcT, direct_offs, mDirX, mDirP, mBias, m_size, n_size)
-                else:
-                    epi_count = self._epilogue_tile(
-                        ep, tc, acc_of, tCcT, thr_mma.partition_C(gcG[(None, None, tc[0], tc[1])]),
-                        epi_count, 0, is_store_warp, epi_barrier, store_pipeline, mBias, n_size, S, True, False,
-                    )
+                epi_count = self._stream_k_tile_epilogue(tc, epi_count, *epi_args)
             it = (t + 1) * k_tiles
+
+    @cute.jit
+    def _stream_k_tile_epilogue(
+        self, tc, count, acc, ep, acc_of, tCcT, thr_mma, gcG, is_store_warp, epi_barrier, store_pipeline, mBias,
+        n_size, S: cutlass.Constexpr, direct_offs, mDirX, mDirP, m_size,
+    ):
+        """The epilogue of a stream-K consumer's tile tc once its accumulators are whole (a
+        whole tile's, or an owner's after the sum); returns the subtile count."""
+        if cutlass.const_expr(self.act_direct):
+            self._direct_act(acc, tc, tCcT, direct_offs, mDirX, mDirP, mBias, m_size, n_size)
+        else:
+            count = self._epilogue_tile(
+                ep, tc, acc_of, tCcT, thr_mma.partition_C(gcG[(None, None, tc[0], tc[1])]),
+                count, 0, is_store_warp, epi_barrier, store_pipeline, mBias, n_size, S, True, False,
+            )
+        return count
 
     # ---- pingpong consumers --------------------------------------------------------------------
 
