@@ -7,9 +7,9 @@ registers away (setmaxnreg) its first warp runs the TMA loads of mainloop.produc
 other warpgroups are consumers: they take the registers (setmaxnreg up to 232), run the WGMMA
 mainloop on their share of the tile (see "Consumer schedules" below) and then the epilogue,
 subtile by subtile, through shared memory and TMA stores (or, with config.dact_direct /
-act_direct, from registers straight to global memory: epilogue_direct.py). Both sides walk the same persistent
-tile sequence (tile_scheduler), so while the consumers run a tile's epilogue the producer is
-already prefetching the next tile's A and B into the ring. With the static scheduler (default)
+act_direct, from registers straight to global memory: epilogue_direct.py). Both sides walk the
+same persistent tile sequence (tile_scheduler), so while the consumers run a tile's epilogue the
+producer is already prefetching the next tile's A and B into the ring. With the static scheduler (default)
 each side computes the sequence itself; with the dynamic one (config.scheduler == "dynamic") the
 producer claims tiles from a global atomic counter and passes each index to the consumers
 through a shared-memory ring of tile indices. With config.stream_k the last partial wave's K
