@@ -136,3 +136,32 @@ def test_selfcheck_compiles_it():
     full = [key for key in variants(False) if key.config.act_direct]
     assert any(key.config.stream_k for key in full) and any(key.epilogue.has_bias for key in full)
     assert any(not key.epilogue.store_preact for key in full) and any(key.ab_dtype == "float16" for key in full)
+
+
+def test_an_odd_n_reaches_the_launch_as_the_staged_act(monkeypatch):
+    """The odd-N rule where it acts: the plan ops launches (config and kernel key) for a
+    non-gated act of N = 1001 is the staged twin's, for N = 1000 and a gated N the direct
+    one's. The kernels stubbed out: what is checked is what reaches the launch."""
+    pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
+    import torch
+
+    from parallel_mlp.bench.host_stub import stubbed_kernels
+    from parallel_mlp.kernels import ops
+
+    planned = []
+    plan = ops._plan
+
+    def record(*args, **kw):
+        cfg, fn = plan(*args, **kw)
+        planned.append((cfg.act_direct, fn.key.config.act_direct))
+        return cfg, fn
+
+    x = torch.zeros(256, 512, dtype=torch.bfloat16)
+    direct = GemmConfig(**PP, act_direct=True)
+    with stubbed_kernels():
+        monkeypatch.setattr(ops, "_plan", record)
+        for act, n in (("gelu_tanh_approx", 1001), ("gelu_tanh_approx", 1000), ("swiglu", 1002)):
+            pre, post = ops.gemm_act(x, torch.zeros(512, n, dtype=torch.bfloat16), act, config=direct,
+                                     checked=True)
+            assert pre.shape == (256, n)
+    assert planned == [(False, False), (True, True), (True, True)]
