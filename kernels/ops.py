@@ -15,7 +15,6 @@ shape, remember the choice on disk).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import ctypes
 import dataclasses
 import functools
