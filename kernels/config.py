@@ -37,12 +37,6 @@ TILE_N_CHOICES = (64, 128, 160, 192, 256)
 PINGPONG_MAX_ACC_REGS = 192
 
 
-# GemmConfig.dact_direct with cooperative consumers: most fp32 accumulators per consumer thread,
-# whose preact (as many 16-bit values again, gated) the thread holds in registers through the
-# tile's mainloop.
-DIRECT_DACT_MAX_ACC_REGS = 96
-
-
 # The 128x192 pingpong tile is the default only where its padded N is at most this factor of a
 # 128-wide tile's. N = 4096 pads 3.1%: on an H200, 2026-11-30, held 0.5 s, 1.5% faster than
 # 128x128 in one run and even in another (at long K, N = 4096 takes cooperative 128x256, below).
@@ -195,23 +189,9 @@ class GemmConfig:
     # Every other group walks its long side from the far end, so each group starts on the A rows
     # (or B columns) that the one before it ended on.
     serpentine: bool = False
-    # dact: dpreact and postact go from registers straight to global memory, with no
-    # shared-memory staging, TMA store or store wait. Cooperative tiles (at most 128 rows and
-    # DIRECT_DACT_MAX_ACC_REGS accumulators per thread): each consumer thread also loads its
-    # preact into registers before the tile's mainloop (the loads land while the tensor cores
-    # work), so the epilogue's warps never wait for one another. Pingpong: the preact ring
-    # stays (dact_prefetch slots per warpgroup), each slot refilled as soon as the warpgroup has
-    # read it. Other epilogues ignore it.
-    dact_direct: bool = False
-    # act: preact and postact go from registers straight to global memory (each consumer thread
-    # stores its accumulator pairs where they are in bounds), with no shared-memory staging, TMA
-    # store, fence or barrier; the shared memory the epilogue gave up goes to A/B stages. Every
-    # tile and schedule, stream-K included. Other epilogues ignore it.
-    act_direct: bool = False
 
     def __post_init__(self):
-        for name in ("l2_prefetch", "stream_k", "dact_pair_swap", "serpentine", "dact_direct",
-                     "act_direct"):
+        for name in ("l2_prefetch", "stream_k", "dact_pair_swap", "serpentine"):
             # a string such as "no" would otherwise switch the option on without a word
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be True or False")
@@ -284,19 +264,6 @@ class GemmConfig:
             raise ValueError(f"max_stages={self.max_stages}: must be 2 to 8")
         if self.dact_prefetch not in (1, 2, 3):
             raise ValueError(f"dact_prefetch={self.dact_prefetch}: must be 1, 2 or 3")
-        if self.dact_direct and self.consumers == "cooperative":
-            # A cooperative thread holds its share of the tile's preact in registers beside its
-            # accumulators: at 128x256 (128 accumulators, 128 registers of gated preact) ptxas
-            # spills, at 128x192 it does not (sm_90a, ptxas 13.0). Pingpong keeps its preact
-            # ring in shared memory.
-            threads = 256 if self.tile_m >= 128 else 128
-            acc = self.tile_m * self.tile_n // threads
-            if self.tile_m > 128 or acc > DIRECT_DACT_MAX_ACC_REGS:
-                raise ValueError(
-                    f"dact_direct=True with cooperative tile {self.tile_m}x{self.tile_n}: a cooperative "
-                    f"direct dact needs tile_m <= 128 and at most {DIRECT_DACT_MAX_ACC_REGS} accumulators "
-                    f"per consumer thread (this tile: {acc}; e.g. 128x128 or 128x192)"
-                )
         if self.consumers == "pingpong" and self.dact_prefetch > 2:
             raise ValueError(
                 f"dact_prefetch={self.dact_prefetch} with consumers='pingpong': a pingpong warpgroup's "
@@ -319,8 +286,6 @@ class GemmConfig:
         st += "" if self.dact_pair_swap else "_nops"
         st += "" if self.raster_along == "n" else "_rm"
         st += "_sp" if self.serpentine else ""
-        st += "_dd" if self.dact_direct else ""
-        st += "_ad" if self.act_direct else ""
         return (
             f"t{self.tile_m}x{self.tile_n}_c{self.cluster_m}x{self.cluster_n}"
             f"_g{self.raster_group}_sm{self.num_sms}{sched}{cons}{pf}{l2}{st}"

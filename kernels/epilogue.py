@@ -9,10 +9,7 @@ dpreact) are written element by element into their smem subtile at the accumulat
 coordinates (no stmatrix tiling of the accumulator tile expresses them) and then leave by TMA
 like the others. The dact's preact arrives by TMA load into a small smem ring, loaded ahead of
 the subtile being computed (config.dact_prefetch; by default a pingpong warpgroup has two slots
-and writes dpreact back over the preact it read). The direct dact (config.dact_direct) stages
-nothing: the kernel reads preact into registers and stores from registers, with `dact_unit`'s
-math; the direct act (config.act_direct) stores preact and postact from registers, with
-`act_unit`'s.
+and writes dpreact back over the preact it read).
 
 The variants and their host-side description are in epilogue_spec.py (``EpilogueSpec``).
 
@@ -41,30 +38,6 @@ class Epilogue:
         # The gated dact's pair permutation for odd rows (set by the kernel at trace time; see
         # PersistentGemmSm90._pair_swap), or None.
         self.pair_swap = None
-
-    def act_unit(self, x0, x1):
-        """The postact of an accumulator pair (fp32 preact of adjacent columns; gated: its gate
-        and up): one value when gated, one per column otherwise. Shared by `visit` and the
-        kernel's direct act."""
-        s = self.spec
-        m = DEVICE_MATH
-        if cutlass.const_expr(s.gated):
-            return (s.act.fn(x0, x1, m),)
-        return s.act.fn(x0, m), s.act.fn(x1, m)
-
-    def dact_unit(self, pre, t: int, dy):
-        """The dact of accumulator t (0 or 1) of a pair, from the pair's preact vector `pre`
-        (fp32; (gate, up) of both columns when gated, else one value per column) and dpostact
-        `dy`: (its dpreact values, its postact). Shared by `visit` and the kernel's direct dact."""
-        s = self.spec
-        m = DEVICE_MATH
-        if cutlass.const_expr(s.gated):
-            g = pre[2 * t]
-            u = pre[2 * t + 1]
-            dg, du = s.act.grad(g, u, m)
-            return (dg * dy, du * dy), s.act.fn(g, u, m)
-        x = pre[t]
-        return (s.act.grad(x, m) * dy,), s.act.fn(x, m)
 
     # One subtile: registers (and smem subtiles) in, registers / smem out.
     # rAcc: fp32 fragment of this subtile's accumulators (S values), value v at tile coordinates
@@ -108,14 +81,15 @@ class Epilogue:
             if cutlass.const_expr(s.has_tma_d):
                 for v in cutlass.range_constexpr(S):
                     rD[v] = rAcc[v]
-            # Registers 2j, 2j+1 hold adjacent columns: gated, the (gate, up) of one unit.
-            for j in cutlass.range_constexpr(S // 2):
-                post = self.act_unit(rAcc[2 * j], rAcc[2 * j + 1])
-                if cutlass.const_expr(not s.gated):
-                    rP[2 * j], rP[2 * j + 1] = post
-                else:
+            if cutlass.const_expr(not s.gated):
+                for v in cutlass.range_constexpr(S):
+                    rP[v] = s.act.fn(rAcc[v], m)
+            else:
+                # Registers 2j, 2j+1 hold the (gate, up) columns of one unit.
+                for j in cutlass.range_constexpr(S // 2):
                     r, c = tCcT[base + 2 * j]
-                    sH[r, (c - col0) // 2] = post[0].to(sH.element_type)
+                    y = s.act.fn(rAcc[2 * j], rAcc[2 * j + 1], m)
+                    sH[r, (c - col0) // 2] = y.to(sH.element_type)
         if cutlass.const_expr(s.kind == "dact"):
             if cutlass.const_expr(not s.gated):
                 # Registers 2j, 2j+1 are columns (c, c+1), c even: one 4-byte vector of preact.
@@ -124,7 +98,9 @@ class Epilogue:
                     r, c = tCcT[base + 2 * j]
                     pre = sL2[((0, None), (r, (c - col0) // 2))].load().to(Float32)
                     for t in cutlass.range_constexpr(2):
-                        (rD[2 * j + t],), rP[2 * j + t] = self.dact_unit(pre, t, rAcc[2 * j + t])
+                        x = pre[t]
+                        rD[2 * j + t] = s.act.grad(x, m) * rAcc[2 * j + t]
+                        rP[2 * j + t] = s.act.fn(x, m)
             else:
                 # The GEMM is h wide (dpostact); accumulator column n owns preact/dpreact columns
                 # (2n, 2n+1), and postact column n is the accumulator's own position.
@@ -169,18 +145,21 @@ class Epilogue:
                     r, c = tCcT[base + 2 * j]
                     pre = pres[j].to(Float32)
                     for t in cutlass.range_constexpr(2):
+                        g = pre[2 * t]
+                        u = pre[2 * t + 1]
                         if cutlass.const_expr(swapping):
                             q = partner[j]
                             dy = cutlass.select_(odd, rAcc[2 * q + t], rAcc[2 * j + t])
                         else:
                             dy = rAcc[2 * j + t]
-                        (dg, du), p = self.dact_unit(pre, t, dy)
+                        dg, du = s.act.grad(g, u, m)
+                        p = s.act.fn(g, u, m)
                         if cutlass.const_expr(swapping):
                             # slot j's postact is pair j's, or pair q's in a swapped row
                             rP[2 * j + t] = cutlass.select_(odd, rP[2 * j + t], p)
                             rP[2 * q + t] = cutlass.select_(odd, p, rP[2 * q + t])
                         else:
                             rP[2 * j + t] = p
-                        dpre[2 * t] = dg.to(sX.element_type)
-                        dpre[2 * t + 1] = du.to(sX.element_type)
+                        dpre[2 * t] = (dg * dy).to(sX.element_type)
+                        dpre[2 * t + 1] = (du * dy).to(sX.element_type)
                     sX4[((0, None), (r, vector(c)))].store(dpre.load())

@@ -6,10 +6,9 @@ One CTA per SM (cluster of 1 or 2 CTAs). Warpgroup 0 is the producer: after givi
 registers away (setmaxnreg) its first warp runs the TMA loads of mainloop.produce_tile. The
 other warpgroups are consumers: they take the registers (setmaxnreg up to 232), run the WGMMA
 mainloop on their share of the tile (see "Consumer schedules" below) and then the epilogue,
-subtile by subtile, through shared memory and TMA stores (or, with config.dact_direct /
-act_direct, from registers straight to global memory: epilogue_direct.py). Both sides walk the
-same persistent tile sequence (tile_scheduler), so while the consumers run a tile's epilogue the
-producer is already prefetching the next tile's A and B into the ring. With the static scheduler (default)
+subtile by subtile, through shared memory and TMA stores. Both sides walk the same persistent
+tile sequence (tile_scheduler), so while the consumers run a tile's epilogue the producer is
+already prefetching the next tile's A and B into the ring. With the static scheduler (default)
 each side computes the sequence itself; with the dynamic one (config.scheduler == "dynamic") the
 producer claims tiles from a global atomic counter and passes each index to the consumers
 through a shared-memory ring of tile indices. With config.stream_k the last partial wave's K
@@ -19,8 +18,8 @@ blocks are shared by all clusters instead, and each tile's owner sums the pieces
 Operand majorness is a compile-time property: A may be K-major (row-major [M, K]) or M-major,
 B may be K-major or N-major; D is row-major. M, N, K and the leading strides are dynamic, so a
 compiled kernel serves every problem size of its layout; tails are handled by TMA's bounds
-(zero-filled loads, clipped stores); only the bias, read straight from global memory, and the
-direct epilogues' loads and stores need predicates.
+(zero-filled loads, clipped stores); only the bias, read straight from global memory, needs a
+predicate.
 
 Consumer schedules (config.consumers):
 - "cooperative" (default): both consumer warpgroups split one tile (64 rows each) and both run
@@ -53,7 +52,6 @@ from cutlass.cute.runtime import make_fake_tensor
 from . import mainloop, tile_scheduler
 from .config import CACHE_HINTS, TILE_K, GemmConfig
 from .epilogue import Epilogue
-from .epilogue_direct import DirectEpilogues
 from .epilogue_spec import EpilogueSpec
 
 try:  # moved in 4.8; the old spelling still works with a deprecation warning
@@ -74,7 +72,7 @@ PP_MMA_ORDER = 3
 PP_EPI_ORDER = 5
 
 
-class PersistentGemmSm90(DirectEpilogues):
+class PersistentGemmSm90:
     def __init__(self, config: GemmConfig, epilogue: EpilogueSpec):
         self.cfg = config
         self.epi = epilogue
@@ -108,22 +106,11 @@ class PersistentGemmSm90(DirectEpilogues):
         # 2.696 ms; bench configs --also max_stages=N), and the two-slot ring plus dpreact buffers
         # left the gated dact 3. The load latency this exposes per subtile falls inside the
         # other warpgroup's mainloop.
-        # dact_direct: dpreact and postact go from registers straight to global memory. A
-        # cooperative thread loads its preact into registers before the tile's mainloop
-        # (_direct_preact, _direct_dact; no epilogue channel in shared memory); a pingpong
-        # warpgroup keeps its preact ring (channel L, dact_prefetch slots), frees each slot once
-        # its warps have read it, and stages no output (_direct_epilogue_tile).
-        self.dact_direct = config.dact_direct and epilogue.kind == "dact"
-        # act_direct: preact and postact go from registers straight to global memory after the
-        # tile's mainloop (_direct_act), in every schedule: no epilogue channel at all.
-        self.act_direct = config.act_direct and epilogue.kind == "act"
-        self.preact_in_registers = self.dact_direct and not self.pingpong
-        self.dpre_in_place = (epilogue.kind == "dact" and not self.dact_direct
-                              and (config.dact_prefetch > 1 or self.pingpong))
+        self.dpre_in_place = epilogue.kind == "dact" and (config.dact_prefetch > 1 or self.pingpong)
         # Pingpong with dact_prefetch=2: two slots per warpgroup, both filled at the tile's start
         # and each refilled as soon as its subtile's stores have read it, so a subtile's preact
         # loads while the one before is computed (fits beside 5 stages with epi_n=16).
-        if self.dpre_in_place or (self.dact_direct and self.pingpong):
+        if self.dpre_in_place:
             self.l_ring = config.dact_prefetch if self.pingpong else config.dact_prefetch + 1  # slots per warpgroup
         else:
             self.l_ring = EPI_STAGES
@@ -134,19 +121,12 @@ class PersistentGemmSm90(DirectEpilogues):
         # (config.l2_prefetch): dact's preact (L), accumulate's fp32 D; None: no prefetch.
         self.prefetch_channel = None
         if config.l2_prefetch:
-            if self.preact_in_registers:
-                raise ValueError(
-                    f"{config.key} {epilogue.key}: l2_prefetch with dact_direct: the direct dact loads its "
-                    "preact into registers before the tile's mainloop, there is no epilogue load to prefetch"
-                )
             self.prefetch_channel = {"dact": "L", "accumulate": "D"}.get(epilogue.kind)
 
     # ---- host-side setup (runs while tracing __call__) -----------------------------------------
     #
     # Epilogue "channels": every output leaves the SM as a (tile_m x w) subtile staged in shared
-    # memory and written by one TMA store; preact (dact) arrives the same way by TMA load. The
-    # direct dact and act (config.dact_direct, act_direct) have none: they load and store from
-    # registers (a pingpong direct dact keeps its preact ring, L).
+    # memory and written by one TMA store; preact (dact) arrives the same way by TMA load.
     #   D  acc-shaped (w = epi_n):     D / preact / non-gated dpreact     stmatrix
     #   P  acc-shaped (w = epi_n):     postact (non-gated act, any dact)  stmatrix
     #   H  half width (w = epi_n / 2): gated act's postact                per-element smem stores
@@ -158,13 +138,6 @@ class PersistentGemmSm90(DirectEpilogues):
         e = self.epi
         w = self.epi_tile[1]
         in_place = self.dpre_in_place  # dpreact leaves from the preact ring (L) instead
-        if self.act_direct:
-            return {c: 0 for c in ("D", "P", "H", "X", "L")}
-        if self.dact_direct:
-            widths = {c: 0 for c in ("D", "P", "H", "X", "L")}
-            if not self.preact_in_registers:
-                widths["L"] = 2 * w if e.gated else w
-            return widths
         return {
             "D": w if e.has_tma_d and not in_place else 0,
             "P": w if e.has_tma_post else 0,
@@ -345,16 +318,9 @@ class PersistentGemmSm90(DirectEpilogues):
                 f"exceeds {SMEM_CAPACITY} B"
             )
 
-        # The direct epilogues read (the cooperative dact's preact) and write the global tensors
-        # themselves: (preact in, dpreact or preact out, postact out).
-        direct = (None, None, None)
-        if cutlass.const_expr(self.dact_direct):
-            direct = (mPreIn, mDpre if self.epi.gated else mD, mPost)
-        elif cutlass.const_expr(self.act_direct):
-            direct = (None, mD, mPost)
         self.kernel(
             tma_a, tA, tma_b, tB, tma_d, tD, tma_p, tP, tma_h, tH, tma_x, tX, tma_l, tL, tma_f, tF,
-            *direct, mBias, mCounter, m_size, n_size, self.tiled_mma, self.tiled_mma_first, self.sA_layout, self.sB_layout,
+            mBias, mCounter, m_size, n_size, self.tiled_mma, self.tiled_mma_first, self.sA_layout, self.sB_layout,
             self.ch_layout["D"], self.ch_layout["P"], self.ch_layout["H"], self.ch_layout["X"], self.ch_layout["L"],
             sched_params,
         ).launch(
@@ -378,7 +344,6 @@ class PersistentGemmSm90(DirectEpilogues):
         tma_x: Optional[cute.CopyAtom], mX: Optional[cute.Tensor],
         tma_l: Optional[cute.CopyAtom], mL: Optional[cute.Tensor],
         tma_f: Optional[cute.CopyAtom], mF: Optional[cute.Tensor],
-        mDirL: Optional[cute.Tensor], mDirX: Optional[cute.Tensor], mDirP: Optional[cute.Tensor],
         mBias: Optional[cute.Tensor],
         mCounter: Optional[cute.Tensor],
         m_size: cutlass.Int32, n_size: cutlass.Int32,
@@ -502,7 +467,7 @@ class PersistentGemmSm90(DirectEpilogues):
                     storage.sH.get_tensor(sH_layout.outer, swizzle=sH_layout.inner),
                     storage.sX.get_tensor(sX_layout.outer, swizzle=sX_layout.inner),
                     storage.sL.get_tensor(sL_layout.outer, swizzle=sL_layout.inner),
-                    tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, mBias, m_size, n_size, mDirX, mDirP,
+                    tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, mBias, m_size, n_size,
                 )
             else:
                 mma_tidx = tidx - 128
@@ -546,44 +511,12 @@ class PersistentGemmSm90(DirectEpilogues):
                 epi_count = cutlass.Int32(0)
                 tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
                 tiled_mma_first.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
-                direct_offs = None
-                if cutlass.const_expr(self.act_direct):
-                    direct_offs = self._value_offsets(
-                        lambda t: tiled_mma.get_slice(t).partition_C(cute.make_identity_tensor((tm, tn))),
-                        self.num_mma_threads,
-                    )
                 if cutlass.const_expr(self.stream_k):
                     self._consume_stream_k(
                         ab_pipeline, read_state, release_state, tiled_mma, tiled_mma_first, acc, tCrA, tCrB, k_tiles,
                         sched_params, mCounter, mma_tidx, thr_mma, gcG, ep, acc_of, tCcT,
                         warp_idx == store_warp, epi_barrier, store_pipeline, mBias, n_size, S,
-                        direct_offs, mDirX, mDirP, m_size,
                     )
-                elif cutlass.const_expr(self.act_direct):
-                    # The MMA's own partition: a 256-row tile's two atoms need no copy order here.
-                    cT = thr_mma.partition_C(cute.make_identity_tensor((tm, tn)))
-                    while work.is_valid_tile:
-                        tc = work.tile_idx
-                        read_state, release_state = mainloop.consume_tile(
-                            ab_pipeline, read_state, release_state, tiled_mma, tiled_mma_first, acc, tCrA, tCrB, k_tiles
-                        )
-                        self._direct_act(acc, tc, cT, direct_offs, mDirX, mDirP, mBias, m_size, n_size)
-                        sched.advance_to_next_work()
-                        work = sched.get_current_work()
-                elif cutlass.const_expr(self.preact_in_registers):
-                    offs = self._value_offsets(
-                        lambda t: tiled_mma.get_slice(t).partition_C(cute.make_identity_tensor((tm, tn))),
-                        self.num_mma_threads,
-                    )
-                    while work.is_valid_tile:
-                        tc = work.tile_idx
-                        pre = self._direct_preact(mDirL, tc, tCcT, offs, m_size, n_size)
-                        read_state, release_state = mainloop.consume_tile(
-                            ab_pipeline, read_state, release_state, tiled_mma, tiled_mma_first, acc, tCrA, tCrB, k_tiles
-                        )
-                        self._direct_dact(acc, pre, tc, tCcT, offs, mDirX, mDirP, m_size, n_size)
-                        sched.advance_to_next_work()
-                        work = sched.get_current_work()
                 else:
                     while work.is_valid_tile:
                         tc = work.tile_idx
@@ -665,13 +598,11 @@ class PersistentGemmSm90(DirectEpilogues):
         self, ab_pipeline, read_state, release_state, tiled_mma, tiled_mma_first, acc, tCrA, tCrB, k_tiles,
         sched_params, mWork, mma_tidx, thr_mma, gcG, ep, acc_of, tCcT,
         is_store_warp, epi_barrier, store_pipeline, mBias, n_size, S: cutlass.Constexpr,
-        direct_offs, mDirX, mDirP, m_size,
     ):
         """The cooperative consumers' side of stream-K: whole tiles as usual, then the pieces of
         this cluster's segment. A contributor piece leaves its accumulators in its CTA's
         workspace slot and adds its K-block count to the tile's flag; the owner piece waits for
-        the flag, adds the slots of the later clusters in order, and runs the epilogue (the
-        direct act's with config.act_direct; tCcT is the MMA's partition, tiles of <= 128 rows)."""
+        the flag, adds the slots of the later clusters in order, and runs the epilogue."""
         dp_end, sk_iters, grid = tile_scheduler.stream_k_plan(sched_params, k_tiles)
         cta = tile_scheduler.cta_in_cluster(sched_params)
         c = cutlass.Int32(cute.arch.block_idx()[2])
@@ -688,16 +619,16 @@ class PersistentGemmSm90(DirectEpilogues):
         )
         epi_count = cutlass.Int32(0)
 
-        # what every tile's epilogue takes besides its index and the subtile count
-        epi_args = (acc, ep, acc_of, tCcT, thr_mma, gcG, is_store_warp, epi_barrier, store_pipeline, mBias,
-                    n_size, S, direct_offs, mDirX, mDirP, m_size)
         idx = c
         while idx < dp_end:
             tc = tile_scheduler.work_at(sched_params, idx, cta).tile_idx
             read_state, release_state = mainloop.consume_tile(
                 ab_pipeline, read_state, release_state, tiled_mma, tiled_mma_first, acc, tCrA, tCrB, k_tiles
             )
-            epi_count = self._stream_k_tile_epilogue(tc, epi_count, *epi_args)
+            epi_count = self._epilogue_tile(
+                ep, tc, acc_of, tCcT, thr_mma.partition_C(gcG[(None, None, tc[0], tc[1])]),
+                epi_count, 0, is_store_warp, epi_barrier, store_pipeline, mBias, n_size, S, True, False,
+            )
             idx += grid
 
         it, end = tile_scheduler.stream_k_segment(c, grid, sk_iters)
@@ -742,24 +673,11 @@ class PersistentGemmSm90(DirectEpilogues):
                             for i in cutlass.range_constexpr(n_acc):
                                 acc[i] = acc[i] + parts[base + i * threads]
                 tc = tile_scheduler.work_at(sched_params, dp_end + t, cta).tile_idx
-                epi_count = self._stream_k_tile_epilogue(tc, epi_count, *epi_args)
+                epi_count = self._epilogue_tile(
+                    ep, tc, acc_of, tCcT, thr_mma.partition_C(gcG[(None, None, tc[0], tc[1])]),
+                    epi_count, 0, is_store_warp, epi_barrier, store_pipeline, mBias, n_size, S, True, False,
+                )
             it = (t + 1) * k_tiles
-
-    @cute.jit
-    def _stream_k_tile_epilogue(
-        self, tc, count, acc, ep, acc_of, tCcT, thr_mma, gcG, is_store_warp, epi_barrier, store_pipeline, mBias,
-        n_size, S: cutlass.Constexpr, direct_offs, mDirX, mDirP, m_size,
-    ):
-        """The epilogue of a stream-K consumer's tile tc once its accumulators are whole (a
-        whole tile's, or an owner's after the sum); returns the subtile count."""
-        if cutlass.const_expr(self.act_direct):
-            self._direct_act(acc, tc, tCcT, direct_offs, mDirX, mDirP, mBias, m_size, n_size)
-        else:
-            count = self._epilogue_tile(
-                ep, tc, acc_of, tCcT, thr_mma.partition_C(gcG[(None, None, tc[0], tc[1])]),
-                count, 0, is_store_warp, epi_barrier, store_pipeline, mBias, n_size, S, True, False,
-            )
-        return count
 
     # ---- pingpong consumers --------------------------------------------------------------------
 
@@ -767,7 +685,6 @@ class PersistentGemmSm90(DirectEpilogues):
     def _consume_pingpong(
         self, tidx, warp_idx, tiled_mma, tiled_mma_first, sA, sB, ab_pipeline, k_tiles, sched_params, index_pipe, s_idx, l_mbar,
         sD, sP, sH, sX, sL, tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, mBias, m_size, n_size,
-        mDirX, mDirP,
     ):
         """One consumer warpgroup of a pingpong pair: tiles wg, wg + 2, ... of the CTA's sequence.
 
@@ -792,18 +709,6 @@ class PersistentGemmSm90(DirectEpilogues):
         )
         acc_of, tRS_cT, gcG = ep.acc_of, ep.cT, ep.gcG
         S = ep.S  # a Python int; read inside the tile loop, ep's ints would arrive dynamic
-        direct_offs = None
-        if cutlass.const_expr(self.dact_direct):
-            direct_offs = self._value_offsets(
-                lambda t: ep.r2s_d.get_slice(t).partition_S(cute.make_identity_tensor((tm, tn))), 128
-            )
-        mma_cT = None
-        if cutlass.const_expr(self.act_direct):
-            # The direct act walks the accumulators in the MMA's own order (no smem subtiles).
-            mma_cT = thr_mma.partition_C(cute.make_identity_tensor((tm, tn)))
-            direct_offs = self._value_offsets(
-                lambda t: tiled_mma.get_slice(t).partition_C(cute.make_identity_tensor((tm, tn))), 128
-            )
 
         # This warpgroup's own 128-thread barrier and store warp (its first warp); its TMA store
         # groups are that warp's own, so the two warpgroups' store pipelines are independent.
@@ -840,23 +745,13 @@ class PersistentGemmSm90(DirectEpilogues):
                 ab_pipeline, read_state, release_state, tiled_mma, tiled_mma_first, acc, tCrA, tCrB, k_tiles, PP_MMA_ORDER, wg
             )
             mainloop.order_wait(PP_EPI_ORDER, wg)
-            tile_cG = ep.thr_r2s_d.partition_S(gcG[(None, None, tc[0], tc[1])])
-            if cutlass.const_expr(self.act_direct):
-                self._direct_act(acc, tc, mma_cT, direct_offs, mDirX, mDirP, mBias, m_size, n_size)
-            elif cutlass.const_expr(self.dact_direct):
-                l_count = self._direct_epilogue_tile(
-                    ep, tc, acc_of, tRS_cT, direct_offs, l_count, wg, is_store_warp, epi_barrier, mDirX, mDirP,
-                    m_size, n_size, S,
-                )
-            else:
-                # The output buffers start drained at every turn (buffer e % 2), and are handed
-                # over drained (the last subtile waits for all of this tile's stores to have read
-                # smem).
-                l_count = self._epilogue_tile(
-                    ep, tc, acc_of, tRS_cT, tile_cG,
-                    l_count, wg, is_store_warp, epi_barrier, store_pipeline, mBias, n_size,
-                    S, False, True,
-                )
+            # The output buffers start drained at every turn (buffer e % 2), and are handed over
+            # drained (the last subtile waits for all of this tile's stores to have read smem).
+            l_count = self._epilogue_tile(
+                ep, tc, acc_of, tRS_cT, ep.thr_r2s_d.partition_S(gcG[(None, None, tc[0], tc[1])]),
+                l_count, wg, is_store_warp, epi_barrier, store_pipeline, mBias, n_size,
+                S, False, True,
+            )
             mainloop.order_arrive(PP_EPI_ORDER, wg)
             # Next own tile: skip the other warpgroup's. The dynamic scheduler's ring ends with one
             # past-the-end index and nothing after it, so never read beyond an invalid one.

@@ -369,16 +369,6 @@ def rewriting_configs(rewrite):
         _config_rewrite = previous
 
 
-def _storable_config(cfg: GemmConfig, spec: EpilogueSpec, n: int) -> GemmConfig:
-    """cfg, or its staged twin where its epilogue could not store an N-column output: the direct
-    act (config.act_direct) stores whole column pairs from registers, and at an odd N of a
-    non-gated activation the last pair would write one element past each row (a caller's view
-    may own it). The staged act computes the same bits and its TMA stores stop at the edge."""
-    if cfg.act_direct and spec.kind == "act" and not spec.gated and n % 2:
-        return dataclasses.replace(cfg, act_direct=False)
-    return cfg
-
-
 def _plan(spec: EpilogueSpec, a, bk, d_dtype, bias, config, tuned, whole_rows):
     """(config, compiled kernel) of a launch: the config rule (or the caller's config), checked
     against the device, and the kernel it names, compiled or loaded on first use."""
@@ -387,7 +377,6 @@ def _plan(spec: EpilogueSpec, a, bk, d_dtype, bias, config, tuned, whole_rows):
     cfg = _pick_config(spec, a, bk, d_dtype, config, tuned, whole_rows)
     if config is None and not tuned and _config_rewrite is not None:
         cfg = _config_rewrite(cfg)
-    cfg = _storable_config(cfg, spec, bk.shape[0])
     if cfg.stream_k:
         dev = a.device.index if a.device.index is not None else torch.cuda.current_device()
         if cfg.num_sms > _num_sms(dev):

@@ -72,57 +72,7 @@ def variants(quick: bool = False):
     out += epi16_variants(quick)
     out += stream_k_variants(quick)
     out += pair_swap_off_variants(quick)
-    out += dact_direct_variants(quick)
-    out += act_direct_variants(quick)
     return out
-
-
-def act_direct_variants(quick: bool = False):
-    """The direct act (config.act_direct: preact and postact straight to global memory): gated
-    and not at the big fc1's pingpong 128x192 and the narrow shards' cooperative 128x256 tile;
-    the full check adds a bias, postact alone (recompute's forward), stream-K, a 256-row tile,
-    a 64-row pingpong tile and fp16."""
-    pp = GemmConfig(128, 192, 2, 1, 16, consumers="pingpong", act_direct=True)
-    coop = GemmConfig(128, 256, 2, 1, 8, act_direct=True)
-    bf = ("bfloat16", "row", "col", "bfloat16")
-    keys = [KernelKey(EpilogueSpec("act", a), cfg, *bf)
-            for cfg, a in ((pp, "swiglu"), (coop, "gelu_tanh_approx"), (coop, "swiglu"))]
-    if not quick:
-        keys += [
-            KernelKey(EpilogueSpec("act", "gelu_tanh_approx", has_bias=True), pp, *bf, "bfloat16"),
-            KernelKey(EpilogueSpec("act", "swiglu", store_preact=False), pp, *bf),
-            KernelKey(EpilogueSpec("act", "swiglu", has_bias=True),
-                      GemmConfig(128, 128, 1, 1, 8, stream_k=True, act_direct=True), *bf, "bfloat16"),
-            KernelKey(EpilogueSpec("act", "geglu"), GemmConfig(256, 128, 1, 2, 8, act_direct=True), *bf),
-            KernelKey(EpilogueSpec("act", "relu"), GemmConfig(64, 128, 1, 1, 8, consumers="pingpong",
-                                                               act_direct=True), *bf),
-            KernelKey(EpilogueSpec("act", "swiglu"), pp, "float16", "row", "col", "float16"),
-        ]
-    return keys
-
-
-def dact_direct_variants(quick: bool = False):
-    """The direct dact (config.dact_direct: outputs straight to global memory; cooperative:
-    preact in registers, pingpong: its preact ring): gated and not at the short-K dact's
-    cooperative 128x128 tile, and the big dact's pingpong 128x192; the full check adds
-    cooperative 128x192, a 64-row tile (one consumer warpgroup), a 2x1 cluster and fp16, and
-    pingpong gelu, 128x128 with one preact slot, and 192 rows in a 1x2 cluster."""
-    c = GemmConfig(128, 128, 1, 1, 8, dact_direct=True)
-    pp = GemmConfig(128, 192, 2, 1, 16, consumers="pingpong", dact_prefetch=2, epi_n=16, dact_direct=True)
-    keys = [KernelKey(EpilogueSpec("dact", a), cfg, "bfloat16", "row", "col", "bfloat16")
-            for cfg, a in ((c, "swiglu"), (c, "gelu_tanh_approx"), (pp, "swiglu"))]
-    if not quick:
-        for cfg, act in ((pp, "gelu_tanh_approx"),
-                         (GemmConfig(128, 128, 2, 1, 16, consumers="pingpong", dact_direct=True), "swiglu"),
-                         (GemmConfig(192, 128, 1, 2, 16, consumers="pingpong", dact_prefetch=2, epi_n=16,
-                                     dact_direct=True), "geglu")):
-            keys.append(KernelKey(EpilogueSpec("dact", act), cfg, "bfloat16", "row", "col", "bfloat16"))
-        for cfg, act, dt in ((GemmConfig(128, 192, 1, 1, 8, dact_direct=True), "swiglu", "bfloat16"),
-                             (GemmConfig(64, 128, 1, 1, 8, dact_direct=True), "geglu", "bfloat16"),
-                             (GemmConfig(128, 128, 2, 1, 8, dact_direct=True), "relu", "bfloat16"),
-                             (c, "swiglu", "float16")):
-            keys.append(KernelKey(EpilogueSpec("dact", act), cfg, dt, "row", "col", dt))
-    return keys
 
 
 def pair_swap_off_variants(quick: bool = False):

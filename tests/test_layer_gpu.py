@@ -186,42 +186,6 @@ def test_cute_recompute_is_bitwise_default_and_deterministic(activation, bias):
         assert torch.equal(default[key], recomputed[key]), f"{key}: recompute differs"
 
 
-def _direct_epilogues(cfg):
-    """cfg with the direct act and, where its tile allows it, the direct dact (each kernel
-    ignores the one that is not its epilogue's)."""
-    import dataclasses
-
-    from parallel_mlp.kernels.config import DIRECT_DACT_MAX_ACC_REGS
-
-    cfg = dataclasses.replace(cfg, act_direct=True)
-    threads = 256 if cfg.tile_m >= 128 else 128
-    if cfg.consumers == "pingpong" or (cfg.tile_m <= 128
-                                       and cfg.tile_m * cfg.tile_n // threads <= DIRECT_DACT_MAX_ACC_REGS):
-        cfg = dataclasses.replace(cfg, dact_direct=True)
-    return cfg
-
-
-@pytest.mark.parametrize("recompute", [False, True])
-@pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("activation", ["swiglu", "gelu_tanh_approx"])
-def test_direct_epilogues_give_the_layers_staged_bits(activation, bias, recompute):
-    """A whole fwd+bwd of the layer with every act and dact storing from registers
-    (GemmConfig.act_direct, dact_direct; through ops.rewriting_configs, launch by launch) gives
-    the bits of the same step with the staged epilogues, in both memory modes."""
-    needs_cute()
-    from parallel_mlp.kernels import ops
-
-    x = torch.randn(TOKENS, D, device="cuda", dtype=torch.bfloat16)
-    dy = torch.randn(TOKENS, D_OUT, device="cuda", dtype=torch.bfloat16)
-    with ops.rewriting_configs(lambda cfg: cfg):
-        staged = fwd_bwd(make(activation, "cute", torch.bfloat16, recompute=recompute, bias=bias), x, dy)
-    with ops.rewriting_configs(_direct_epilogues):
-        direct = fwd_bwd(make(activation, "cute", torch.bfloat16, recompute=recompute, bias=bias), x, dy)
-    for key in staged:
-        if staged[key] is not None:
-            assert torch.equal(staged[key], direct[key]), f"{key}: the direct epilogues differ"
-
-
 def test_cute_main_grad_accumulation_matches_torch():
     needs_cute()
     mlps = {b: make("swiglu", b, torch.bfloat16, fuse=True) for b in ("cute", "torch")}

@@ -1,7 +1,7 @@
 """Count one kernel's sm_90a instructions, whole and in its epilogue, without a GPU.
 
     python3 tools/sass_counts.py --T 8192 --d 1024 --h 2816 --act swiglu --kind dact
-    python3 tools/sass_counts.py ... --also dact_direct=1      (GemmConfig fields replaced)
+    python3 tools/sass_counts.py ... --also dact_pair_swap=0   (GemmConfig fields replaced)
 
 Compiles the kernel that `ops` would launch for that GEMM of the MLP (the default config, as
 `python -m parallel_mlp.kernels.warmup` picks it) with the PTX kept, assembles it with `ptxas

@@ -10,13 +10,11 @@ one to profile (`--launch-skip` = the number of cases). Shapes: T=8192, d=4096, 
 the plain GEMM of its shape, both in its default config (cooperative 128x128 tiles), the plain
 GEMM in pingpong 128x192 tiles, and the dact without its pair swap (GemmConfig.dact_pair_swap)
 in that cooperative config and in the big dact's pingpong 128x192 one (16-column subtiles), with
-the swap and without: the shared-memory wavefronts the swap saves under both swizzles; and the
-direct dact (GemmConfig.dact_direct) in the default's tiles, which stages nothing in shared memory.
+the swap and without: the shared-memory wavefronts the swap saves under both swizzles.
 ``--epilogue-gap T,d,h,act`` (repeatable) profiles, at each shape, the two epilogue GEMMs beside
 the plain GEMMs of their shapes and configs (fc1 + act and plain fc1; the dact and plain dy@W2 in
-the dact's config, and plain dy@W2 in its own default; and the direct act and dact): what the
-epilogue costs in cycles, clock, DRAM bytes and stalls where it runs well above the plain GEMM
-(`--launch-skip` = 7 x shapes).
+the dact's config, and plain dy@W2 in its own default): what the epilogue costs in cycles, clock,
+DRAM bytes and stalls where it runs well above the plain GEMM (`--launch-skip` = 5 x shapes).
 """
 
 from __future__ import annotations
@@ -51,7 +49,6 @@ def short_k_dact_cases():
     no_swap = dataclasses.replace(dact_cfg, dact_pair_swap=False)
     pp = big_pingpong_config(T, h, kind="dact")
     pp_no_swap = dataclasses.replace(pp, dact_pair_swap=False)
-    direct = dataclasses.replace(dact_cfg, dact_direct=True)
     return [
         ("dpost dy@W2 + swiglu dact, its default config", lambda: ops.gemm_dact(dy, w2, pre, "swiglu")),
         ("dpost dy@W2 plain, the dact's config", lambda: ops.gemm(dy, w2, config=dact_cfg)),
@@ -60,16 +57,12 @@ def short_k_dact_cases():
         ("dpost dy@W2 + swiglu dact, pingpong (big default)", lambda: ops.gemm_dact(dy, w2, pre, "swiglu", config=pp)),
         ("dpost dy@W2 + swiglu dact, pingpong, no pair swap",
          lambda: ops.gemm_dact(dy, w2, pre, "swiglu", config=pp_no_swap)),
-        ("dpost dy@W2 + swiglu dact, direct (preact in registers, no shared memory)",
-         lambda: ops.gemm_dact(dy, w2, pre, "swiglu", config=direct)),
     ]
 
 
 def epilogue_gap_cases(shapes):
     """Per (T, d, h, act): fc1 + act, plain fc1 (the same config: store and act choose alike),
-    the dact, plain dy@W2 in the dact's config, plain dy@W2 in its default config, the direct
-    dact (GemmConfig.dact_direct) in the dact's config, and the direct act
-    (GemmConfig.act_direct) in fc1's."""
+    the dact, plain dy@W2 in the dact's config, plain dy@W2 in its default config."""
     from ..activations import get_activation
     from ..kernels import ops
     from ..kernels.config import default_config
@@ -81,7 +74,6 @@ def epilogue_gap_cases(shapes):
         x, w1 = rand(T, d), rand(F, d, scale=d ** -0.5)
         dy, w2, pre = rand(T, d), rand(d, h, scale=h ** -0.5), rand(T, F)
         dact_cfg = default_config(T, h, d, kind="dact")
-        act_cfg = default_config(T, F, d, kind="act")
         at = f"T={T} d={d} {act} h={h}"
         todo += [
             (f"{at}: fc1 + act", lambda x=x, w1=w1, act=act: ops.gemm_act(x, w1.t(), act)),
@@ -90,12 +82,6 @@ def epilogue_gap_cases(shapes):
             (f"{at}: dy@W2 plain, the dact's config",
              lambda dy=dy, w2=w2, cfg=dact_cfg: ops.gemm(dy, w2, config=cfg)),
             (f"{at}: dy@W2 plain, default", lambda dy=dy, w2=w2: ops.gemm(dy, w2)),
-            (f"{at}: dy@W2 + dact, direct",
-             lambda dy=dy, w2=w2, pre=pre, act=act, cfg=dataclasses.replace(dact_cfg, dact_direct=True):
-             ops.gemm_dact(dy, w2, pre, act, config=cfg)),
-            (f"{at}: fc1 + act, direct",
-             lambda x=x, w1=w1, act=act, cfg=dataclasses.replace(act_cfg, act_direct=True):
-             ops.gemm_act(x, w1.t(), act, config=cfg)),
         ]
     return todo
 
