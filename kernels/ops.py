@@ -482,6 +482,18 @@ def _storable(m: int, n: int, dtype: torch.dtype, device) -> torch.Tensor:
     return torch.empty(m, -(-n // per) * per, dtype=dtype, device=device)[:, :n]
 
 
+def _store_overruns(t: torch.Tensor) -> bool:
+    """Whether the kernel's TMA stores into t, a caller's matrix, could write past its last
+    column (its last row, column-major). TMA clips a store at the tensor's bounds in whole
+    16-byte chunks of the global address, not element by element: an inner extent that is not a
+    multiple of 16 bytes is written up to the next boundary. On an H200 a 1000 x 1001 bf16 act
+    into column views of 1024-wide buffers zeroed the buffers' columns 1001-1007 (2026-12-05);
+    our own outputs pad their rows (_storable), so that is their padding, but in a caller's
+    column view it is the caller's data."""
+    inner = t.shape[1] if _major(t) == "row" else t.shape[0]
+    return (inner * t.element_size()) % 16 != 0
+
+
 def _aligned(*widths_and_sizes) -> bool:
     """Row strides (in elements, with their element sizes) that TMA can address: 16-byte multiples."""
     return all((w * es) % 16 == 0 for w, es in widths_and_sizes)
@@ -526,11 +538,16 @@ def gemm(a, b, out=None, out_dtype=None, accumulate=False, *, config: Optional[G
             _launch(_spec("store"), a, b, d=out, d_dtype=dtype, config=config, tuned=tuned,
                     whole_rows=whole_rows)
             return out
+        # Rows padded for TMA (their padding takes what a store writes past n): computed
+        # there, handed back contiguous.
         out = _storable(m, n, dtype, a.device)
-        if not out.is_contiguous():  # rows padded for TMA: computed there, handed back contiguous
-            return gemm(a, b, out=out, config=config, tuned=tuned, whole_rows=whole_rows,
-                        checked=True).contiguous()
-    elif (m and n and k and out.dtype in _DTYPE_NAMES
+        if m and n and k:
+            _launch(_spec("store"), a, b, d=out, d_dtype=dtype, config=config, tuned=tuned,
+                    whole_rows=whole_rows)
+        elif m and n:  # k == 0: a @ b is zeros
+            out.zero_()
+        return out.contiguous()
+    if (m and n and k and out.dtype in _DTYPE_NAMES
           and (not accumulate or out.dtype == torch.float32)
           and _plain_rows(out, m, n, out.dtype, a.device)):
         # A caller's buffer laid out as a fresh one would be: straight to the launch.
@@ -550,10 +567,12 @@ def gemm(a, b, out=None, out_dtype=None, accumulate=False, *, config: Optional[G
         if not accumulate:
             out.zero_()
         return out
-    if not fresh and _tensor_reason(out, "out") is not None:
-        # An out view TMA cannot address (misaligned stride or pointer): compute, then copy/add.
-        r = gemm(a, b, out=_storable(m, n, torch.float32 if accumulate else out.dtype, a.device),
-                 config=config, tuned=tuned, whole_rows=whole_rows, checked=True)
+    if _tensor_reason(out, "out") is not None or _store_overruns(out):
+        # An out view TMA cannot address (misaligned stride or pointer), or whose neighbours a
+        # store would overwrite (rows not a whole number of 16-byte chunks): compute into a
+        # fresh output, then copy or add.
+        r = gemm(a, b, out_dtype=torch.float32 if accumulate else out.dtype, config=config,
+                 tuned=tuned, whole_rows=whole_rows, checked=True)
         out.add_(r) if accumulate else out.copy_(r)
         return out
     spec = _spec("accumulate" if accumulate else "store")
@@ -617,8 +636,9 @@ def gemm_act(a, b, activation, bias=None, store_preact=True, *, config: Optional
                 preact.copy_(z)
             postact.copy_(act.forward(z))
         return preact, postact
-    if any(t is not None and _tensor_reason(t, "out") for t in (preact, postact)):
-        # A caller's buffer that TMA cannot store to: the kernel into rows made here, then a copy.
+    if any(t is not None and (_tensor_reason(t, "out") or _store_overruns(t)) for t in (preact, postact)):
+        # A caller's buffer that TMA cannot store to, or whose neighbours a store would
+        # overwrite (_store_overruns): the kernel into rows made here, then a copy.
         pre, post = gemm_act(a, b, activation, bias, store_preact, config=config, tuned=tuned,
                              whole_rows=whole_rows, checked=True)
         if postact is None:

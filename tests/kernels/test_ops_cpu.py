@@ -230,6 +230,65 @@ def test_gemm_act_stores_rows_tma_cannot_address_through_padded_rows(monkeypatch
                 assert (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
 
 
+def test_caller_views_whose_rows_end_inside_a_16_byte_chunk_get_the_result_copied_in(monkeypatch):
+    """TMA stores whole 16-byte chunks, so a launch into a caller's column view whose rows are not
+    a whole number of them (37 bf16 columns of a 64-wide buffer, 6 fp32 columns of a 16-wide
+    one, 37 rows of a column-major view) would overwrite the caller's next columns: gemm (store
+    and accumulate) and gemm_act launch on rows made for it and copy (or add) the result into the
+    view, and the buffer's other columns keep their values; a view of whole chunks (32 columns)
+    still goes to the launch itself. The kernels stubbed out: what is checked is what reaches the
+    launch."""
+    pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
+    from parallel_mlp.bench.host_stub import stubbed_kernels
+
+    launched = []
+    launch = ops._launch
+
+    def record(spec, a, bk, d=None, post=None, **kw):
+        launched.append((d, post))
+        for t, mark in ((d, 1.0), (post, 2.0)):  # the stub computes nothing: mark the stores
+            if t is not None:
+                t.fill_(mark)
+        return launch(spec, a, bk, d=d, post=post, **kw)
+
+    a = torch.zeros(40, 64, dtype=torch.bfloat16)
+
+    def b(n):
+        return torch.zeros(64, n, dtype=torch.bfloat16).t().contiguous().t()
+
+    with stubbed_kernels():
+        monkeypatch.setattr(ops, "_launch", record)
+        room = torch.full((40, 64), 7.0, dtype=torch.bfloat16)
+        view = room[:, :37]
+        assert ops.gemm(a, b(37), out=view, checked=True) is view
+        assert bool((view == 1).all()) and bool((room[:, 37:] == 7).all())
+        assert launched[-1][0].data_ptr() != room.data_ptr()
+
+        room32 = torch.full((40, 16), 7.0)
+        ops.gemm(a, b(6), out=room32[:, :6], accumulate=True, checked=True)
+        assert bool((room32[:, :6] == 8).all()) and bool((room32[:, 6:] == 7).all())
+
+        cols = torch.full((40, 64), 7.0, dtype=torch.bfloat16)
+        col_major = cols[:, :37].t()  # 37 x 40, its columns 37 rows long
+        ops.gemm(torch.zeros(37, 64, dtype=torch.bfloat16), b(40), out=col_major, checked=True)
+        assert bool((cols[:, :37] == 1).all()) and bool((cols[:, 37:] == 7).all())
+
+        pre_room = torch.full((40, 64), 7.0, dtype=torch.bfloat16)
+        post_room = torch.full((40, 64), 7.0, dtype=torch.bfloat16)
+        pre, post = ops.gemm_act(a, b(37), "relu", out_preact=pre_room[:, :37],
+                                 out_postact=post_room[:, :37], checked=True)
+        assert pre.data_ptr() == pre_room.data_ptr() and post.data_ptr() == post_room.data_ptr()
+        assert bool((pre == 1).all()) and bool((post == 2).all())
+        assert bool((pre_room[:, 37:] == 7).all()) and bool((post_room[:, 37:] == 7).all())
+        d, p = launched[-1]
+        assert d.data_ptr() != pre_room.data_ptr() and p.data_ptr() != post_room.data_ptr()
+
+        whole = torch.full((40, 64), 7.0, dtype=torch.bfloat16)
+        ops.gemm(a, b(32), out=whole[:, :32], checked=True)
+        assert launched[-1][0].data_ptr() == whole.data_ptr()  # whole chunks: the view itself
+        assert bool((whole[:, :32] == 1).all()) and bool((whole[:, 32:] == 7).all())
+
+
 def test_gemm_act_checks_its_buffers_before_anything_runs(monkeypatch):
     """A caller's buffer of the wrong shape is refused, naming it, before any launch."""
     monkeypatch.setattr(ops, "_launch", lambda *a, **k: pytest.fail("launched"))

@@ -208,6 +208,45 @@ def test_act_into_a_buffer_tma_cannot_store_to():
     assert (big[:, 0] == 7).all() and (big[:, 257:] == 7).all()
 
 
+@pytest.mark.parametrize("cluster", [None, (1, 1), (2, 1)])
+def test_stores_into_column_views_leave_the_columns_after_them(cluster):
+    """Outputs whose rows are not a whole number of 16-byte chunks (N = 1001 in bf16, 2002
+    bytes), written into column views of wider buffers: gemm, fp32 accumulation into one and
+    gemm_act give the bits of fresh outputs, and every column after the view keeps its 7s (TMA
+    stores whole 16-byte chunks, so a launch on the view itself overwrote the next 7 columns).
+    The default config and cooperative 128x128 tiles in 1x1 and 2x1 clusters."""
+    import dataclasses
+
+    from parallel_mlp.kernels import ops
+    from parallel_mlp.kernels.config import GemmConfig
+
+    cfg = None if cluster is None else dataclasses.replace(GemmConfig(128, 128, 1, 1, 8),
+                                                           cluster_m=cluster[0], cluster_n=cluster[1])
+    m, k, n = 1000, 512, 1001
+    x = operand(m, k, "row", torch.bfloat16, k ** -0.5)
+    w = operand(k, n, "col", torch.bfloat16)
+
+    def room(dtype):
+        return torch.full((m, 1024), 7.0, device="cuda", dtype=dtype)
+
+    big = room(torch.bfloat16)
+    out = ops.gemm(x, w, out=big[:, :n], config=cfg)
+    assert out.data_ptr() == big.data_ptr() and torch.equal(out, ops.gemm(x, w, config=cfg))
+    assert (big[:, n:] == 7).all(), "gemm wrote past its out view"
+
+    acc = room(torch.float32)
+    ops.gemm(x, w, out=acc[:, :n], accumulate=True, config=cfg)
+    want = ops.gemm(x, w, out_dtype=torch.float32, config=cfg) + 7
+    assert torch.equal(acc[:, :n], want) and (acc[:, n:] == 7).all(), "accumulate wrote past its view"
+
+    pre_room, post_room = room(torch.bfloat16), room(torch.bfloat16)
+    pre, post = ops.gemm_act(x, w, "gelu_tanh_approx", config=cfg, out_preact=pre_room[:, :n],
+                             out_postact=post_room[:, :n])
+    want_pre, want_post = ops.gemm_act(x, w, "gelu_tanh_approx", config=cfg)
+    assert torch.equal(pre, want_pre) and torch.equal(post, want_post)
+    assert (pre_room[:, n:] == 7).all() and (post_room[:, n:] == 7).all(), "gemm_act wrote past its views"
+
+
 def test_tuned_choice_is_timed_once_and_kept_on_disk(tmp_path, monkeypatch):
     import json
 
