@@ -247,6 +247,24 @@ def test_stores_into_column_views_leave_the_columns_after_them(cluster):
     assert (pre_room[:, n:] == 7).all() and (post_room[:, n:] == 7).all(), "gemm_act wrote past its views"
 
 
+def test_operand_views_whose_rows_end_inside_a_16_byte_chunk_read_nothing_past_them():
+    """A and B as K-major views of wider buffers whose other columns hold NaN, K = 1001 (rows of
+    2002 bytes): the K tail past the views must load as zeros, as TMA's bounds promise, not as
+    the NaNs in the rest of the 16-byte chunk, for gemm and gemm_act alike."""
+    from parallel_mlp.kernels import ops
+
+    m, k, n = 1000, 1001, 512
+    a_room = torch.full((m, 1024), float("nan"), device="cuda", dtype=torch.bfloat16)
+    b_room = torch.full((n, 1024), float("nan"), device="cuda", dtype=torch.bfloat16)
+    a_room[:, :k] = operand(m, k, "row", torch.bfloat16, k ** -0.5)
+    b_room[:, :k] = operand(n, k, "row", torch.bfloat16)
+    a, b = a_room[:, :k], b_room[:, :k].t()
+    ref = a.float() @ b.float()
+    check(ops.gemm(a, b), ref, a @ b, "gemm of operand views")
+    _, post = ops.gemm_act(a, b, "relu")
+    check(post, torch.relu(ref), torch.relu(a @ b), "gemm_act of operand views")
+
+
 def test_tuned_choice_is_timed_once_and_kept_on_disk(tmp_path, monkeypatch):
     import json
 
