@@ -494,6 +494,14 @@ def _store_overruns(t: torch.Tensor) -> bool:
     return (inner * t.element_size()) % 16 != 0
 
 
+def _kernel_cannot_store(t: torch.Tensor) -> bool:
+    """Whether the epilogue's TMA stores cannot write a caller's output in place: an address or
+    stride TMA cannot take (_tensor_reason), rows that end inside a 16-byte chunk
+    (_store_overruns), or a column-major layout (the kernels write row-major outputs; gemm
+    alone turns a column-major out into a row-major problem by swapping its operands)."""
+    return _tensor_reason(t, "out") is not None or _major(t) != "row" or _store_overruns(t)
+
+
 def _aligned(*widths_and_sizes) -> bool:
     """Row strides (in elements, with their element sizes) that TMA can address: 16-byte multiples."""
     return all((w * es) % 16 == 0 for w, es in widths_and_sizes)
@@ -636,9 +644,9 @@ def gemm_act(a, b, activation, bias=None, store_preact=True, *, config: Optional
                 preact.copy_(z)
             postact.copy_(act.forward(z))
         return preact, postact
-    if any(t is not None and (_tensor_reason(t, "out") or _store_overruns(t)) for t in (preact, postact)):
-        # A caller's buffer that TMA cannot store to, or whose neighbours a store would
-        # overwrite (_store_overruns): the kernel into rows made here, then a copy.
+    if any(t is not None and _kernel_cannot_store(t) for t in (preact, postact)):
+        # A caller's buffer the kernel cannot store to in place: the kernel into rows made
+        # here, then a copy.
         pre, post = gemm_act(a, b, activation, bias, store_preact, config=config, tuned=tuned,
                              whole_rows=whole_rows, checked=True)
         if postact is None:
@@ -708,11 +716,18 @@ def gemm_dact(a, b, preact, activation, *, config: Optional[GemmConfig] = None, 
         dpreact.copy_(d)
         postact.copy_(p)
         return dpreact, postact
-    if not _aligned((n, a.element_size()), (width, a.element_size())) or any(
-            t is not None and _tensor_reason(t, "t") for t in (preact, out_dpreact, out_postact)):
+    if not _aligned((n, a.element_size()), (width, a.element_size())) or _tensor_reason(preact, "preact"):
         # Rows TMA cannot load or store (e.g. a gated h that is not a multiple of 8, or a
         # misaligned preact view): the reference math, still right, just not fused.
         d, p = act.backward(preact, a @ b)
+        dpreact.copy_(d)
+        postact.copy_(p)
+        return dpreact, postact
+    if any(t is not None and _kernel_cannot_store(t) for t in (out_dpreact, out_postact)):
+        # A caller's buffer the kernel cannot store to in place: the kernel into fresh
+        # outputs, then a copy.
+        d, p = gemm_dact(a, b, preact, activation, config=config, tuned=tuned,
+                         whole_rows=whole_rows, checked=True)
         dpreact.copy_(d)
         postact.copy_(p)
         return dpreact, postact

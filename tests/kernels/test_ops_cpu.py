@@ -289,6 +289,49 @@ def test_caller_views_whose_rows_end_inside_a_16_byte_chunk_get_the_result_copie
         assert bool((whole[:, :32] == 1).all()) and bool((whole[:, 32:] == 7).all())
 
 
+def test_column_major_outputs_of_the_fused_ops_get_the_result_copied_in(monkeypatch):
+    """The kernels write row-major outputs (their compiled key has no output layout), so a
+    caller's column-major buffer for gemm_act's preact and postact or gemm_dact's dpreact and
+    postact is never launched on: the kernel writes rows made for it and the result is copied
+    in, every element of the caller's buffer set. The kernels stubbed out: what is checked is
+    what reaches the launch."""
+    pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
+    from parallel_mlp.bench.host_stub import stubbed_kernels
+
+    launched = []
+    launch = ops._launch
+
+    def record(spec, a, bk, **kw):
+        outs = {k: kw[k] for k in ("d", "post", "dpre") if kw.get(k) is not None}
+        launched.append(outs)
+        for mark, t in enumerate(outs.values(), start=1):  # the stub computes nothing
+            t.fill_(float(mark))
+        return launch(spec, a, bk, **kw)
+
+    def column_major(rows, cols):
+        return torch.zeros(cols, rows, dtype=torch.bfloat16).t()
+
+    a = torch.zeros(40, 64, dtype=torch.bfloat16)
+    b = torch.zeros(64, 32, dtype=torch.bfloat16).t().contiguous().t()
+    dy, w2 = torch.zeros(40, 16, dtype=torch.bfloat16), torch.zeros(16, 32, dtype=torch.bfloat16)
+    with stubbed_kernels():
+        monkeypatch.setattr(ops, "_launch", record)
+        pre, post = column_major(40, 32), column_major(40, 32)
+        got = ops.gemm_act(a, b, "relu", out_preact=pre, out_postact=post, checked=True)
+        assert got[0] is pre and got[1] is post
+        assert bool((pre == 1).all()) and bool((post == 2).all())
+        dpre, post2 = column_major(40, 32), column_major(40, 32)
+        preact = torch.zeros(40, 32, dtype=torch.bfloat16)
+        got = ops.gemm_dact(dy, w2, preact, "relu", out_dpreact=dpre, out_postact=post2, checked=True)
+        assert got[0] is dpre and got[1] is post2
+        assert bool((dpre == 1).all()) and bool((post2 == 2).all())
+    assert len(launched) == 2
+    for outs in launched:
+        for t in outs.values():
+            assert ops._major(t) == "row"
+            assert t.data_ptr() not in (pre.data_ptr(), post.data_ptr(), dpre.data_ptr(), post2.data_ptr())
+
+
 def test_gemm_act_checks_its_buffers_before_anything_runs(monkeypatch):
     """A caller's buffer of the wrong shape is refused, naming it, before any launch."""
     monkeypatch.setattr(ops, "_launch", lambda *a, **k: pytest.fail("launched"))

@@ -247,6 +247,28 @@ def test_stores_into_column_views_leave_the_columns_after_them(cluster):
     assert (pre_room[:, n:] == 7).all() and (post_room[:, n:] == 7).all(), "gemm_act wrote past its views"
 
 
+def test_column_major_outputs_of_the_fused_ops_hold_the_fresh_outputs_bits():
+    """gemm_act and gemm_dact into a caller's column-major buffers (the kernels write row-major
+    ones, so the result is copied in) give the bits of fresh outputs."""
+    from parallel_mlp.kernels import ops
+
+    def column_major(rows, cols):
+        return torch.empty(cols, rows, device="cuda", dtype=torch.bfloat16).t()
+
+    x = operand(1000, 512, "row", torch.bfloat16, 512 ** -0.5)
+    w = operand(512, 768, "col", torch.bfloat16)
+    pre, post = column_major(1000, 768), column_major(1000, 384)
+    ops.gemm_act(x, w, "swiglu", out_preact=pre, out_postact=post)
+    want_pre, want_post = ops.gemm_act(x, w, "swiglu")
+    assert torch.equal(pre, want_pre) and torch.equal(post, want_post)
+    dy = operand(1000, 256, "row", torch.bfloat16, 0.125)
+    w2 = operand(256, 384, "col", torch.bfloat16)
+    dpre, post2 = column_major(1000, 768), column_major(1000, 384)
+    ops.gemm_dact(dy, w2, want_pre, "swiglu", out_dpreact=dpre, out_postact=post2)
+    want_dpre, want_post2 = ops.gemm_dact(dy, w2, want_pre, "swiglu")
+    assert torch.equal(dpre, want_dpre) and torch.equal(post2, want_post2)
+
+
 def test_operand_views_whose_rows_end_inside_a_16_byte_chunk_read_nothing_past_them():
     """A and B as K-major views of wider buffers whose other columns hold NaN, K = 1001 (rows of
     2002 bytes): the K tail past the views must load as zeros, as TMA's bounds promise, not as
