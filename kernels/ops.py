@@ -528,7 +528,8 @@ def _shapes(a, b):
 def gemm(a, b, out=None, out_dtype=None, accumulate=False, *, config: Optional[GemmConfig] = None, tuned=False,
          whole_rows: Optional[int] = None, checked: bool = False):
     """out (+)= a @ b. `accumulate=True` adds into `out` (fp32: a TMA reduce-add, out is not read
-    back through registers). `whole_rows`: a is a block of rows of an a with that many rows; the
+    back through registers); an `out` TMA cannot store to in place (a misaligned view, rows ending
+    inside a 16-byte chunk) gets the result copied or added in. `whole_rows`: a is a block of rows of an a with that many rows; the
     kernel is chosen as for the whole GEMM. `checked`: the caller has already checked that the
     cute path can run a and b (unsupported_reason), as the layer does once per call."""
     m, k, n = _shapes(a, b)
@@ -596,7 +597,8 @@ def gemm(a, b, out=None, out_dtype=None, accumulate=False, *, config: Optional[G
 def gemm_act(a, b, activation, bias=None, store_preact=True, *, config: Optional[GemmConfig] = None, tuned=False,
              out_preact=None, out_postact=None, whole_rows: Optional[int] = None, checked: bool = False):
     """preact = a @ b (+ bias), postact = act(preact). Returns (preact or None, postact).
-    `out_preact` / `out_postact`: write into these (e.g. row blocks of larger tensors)."""
+    `out_preact` / `out_postact`: write into these (e.g. row blocks of larger tensors); one the
+    kernel cannot store to in place (_kernel_cannot_store) gets its result copied in."""
     act = get_activation(activation)
     m, k, n = _shapes(a, b)
     if not checked:
@@ -675,7 +677,8 @@ def gemm_act(a, b, activation, bias=None, store_preact=True, *, config: Optional
 def gemm_dact(a, b, preact, activation, *, config: Optional[GemmConfig] = None, tuned=False,
               out_dpreact=None, out_postact=None, whole_rows: Optional[int] = None, checked: bool = False):
     """dpostact = a @ b; returns (dpreact = act'(preact) * dpostact, postact = act(preact)).
-    `out_dpreact` / `out_postact`: write into these (e.g. row blocks of larger tensors)."""
+    `out_dpreact` / `out_postact`: write into these (e.g. row blocks of larger tensors); one the
+    kernel cannot store to in place (_kernel_cannot_store) gets its result copied in."""
     act = get_activation(activation)
     m, k, n = _shapes(a, b)
     width = 2 * n if act.gated else n
