@@ -131,6 +131,28 @@ def test_gemm_dact(act, dtype):
     check(post, ref_post, lowp_post, f"{act} postact")
 
 
+@pytest.mark.parametrize("act", sorted(ACTIVATIONS))
+def test_big_pingpong_dact_of_every_activation(act):
+    """Every activation's dact in the big default's pingpong 128x192 tiles (2x1 clusters, two
+    preact slots per warpgroup, 16-column subtiles) against the reference, tails in M, N and K:
+    the other dact tests run most activations in the short-K and small-shape configs only, and
+    the swiglu family here."""
+    from parallel_mlp.kernels import ops
+    from parallel_mlp.kernels.config import GemmConfig
+
+    cfg = GemmConfig(128, 192, 2, 1, 16, consumers="pingpong", dact_prefetch=2, epi_n=16)
+    A = ACTIVATIONS[act]
+    m, k, h = 1000, 1000, 1040
+    dy = operand(m, k, "row", torch.bfloat16, k ** -0.5)
+    w2 = operand(k, h, "row", torch.bfloat16)
+    preact = torch.randn(m, 2 * h if A.gated else h, device="cuda").to(torch.bfloat16)
+    dpre, post = ops.gemm_dact(dy, w2, preact, act, config=cfg)
+    ref_dpre, ref_post = A.backward(preact.float(), dy.float() @ w2.float())
+    lowp_dpre, lowp_post = A.backward(preact, dy @ w2)
+    check(dpre, ref_dpre, lowp_dpre, f"{act} pingpong dpreact")
+    check(post, ref_post, lowp_post, f"{act} pingpong postact")
+
+
 def test_deterministic():
     from parallel_mlp.kernels import ops
 
