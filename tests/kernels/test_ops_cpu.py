@@ -6,6 +6,22 @@ import torch
 from parallel_mlp.kernels import ops
 
 
+def marking_launch(launched: list):
+    """A stand-in for ops._launch (inside stubbed_kernels) that records each launch's outputs as
+    {"d" / "post" / "dpre": tensor} and, since the stub computes nothing, marks what the kernel
+    would have stored: 1 in d and dpre, 2 in post."""
+    launch = ops._launch
+
+    def record(spec, a, bk, **kw):
+        outs = {k: kw[k] for k in ("d", "post", "dpre") if kw.get(k) is not None}
+        launched.append(outs)
+        for name, t in outs.items():
+            t.fill_(2.0 if name == "post" else 1.0)
+        return launch(spec, a, bk, **kw)
+
+    return record
+
+
 def test_unsupported_reason_cpu_tensor():
     r = ops.unsupported_reason(torch.randn(8, 8, dtype=torch.bfloat16))
     assert r and "CUDA" in r
@@ -167,24 +183,18 @@ def test_gemm_stores_rows_tma_cannot_address_through_padded_rows(monkeypatch, n)
     from parallel_mlp.bench.host_stub import stubbed_kernels
 
     launched = []
-    launch = ops._launch
-
-    def record(spec, a, bk, d=None, **kw):
-        launched.append(d)
-        d.fill_(1.0)  # the stub computes nothing: mark what the kernel would have stored
-        return launch(spec, a, bk, d=d, **kw)
-
     a = torch.zeros(100, 4096, dtype=torch.bfloat16)
     b = torch.zeros(4096, n, dtype=torch.bfloat16).t().contiguous().t()  # its rows: K long
     with stubbed_kernels():
-        monkeypatch.setattr(ops, "_launch", record)
+        monkeypatch.setattr(ops, "_launch", marking_launch(launched))
         got = ops.gemm(a, b, checked=True)
         out = torch.zeros(100, n, dtype=torch.bfloat16)
         same = ops.gemm(a, b, out=out, checked=True)
     assert got.shape == (100, n) and got.is_contiguous() and bool((got == 1).all())
     assert same is out and bool((out == 1).all())
     assert len(launched) == 2
-    for d in launched:
+    for outs in launched:
+        d = outs["d"]
         assert (d.stride(0) * d.element_size()) % 16 == 0 and d.shape == (100, n)
 
 
@@ -199,20 +209,11 @@ def test_gemm_act_stores_rows_tma_cannot_address_through_padded_rows(monkeypatch
     from parallel_mlp.bench.host_stub import stubbed_kernels
 
     launched = []
-    launch = ops._launch
-
-    def record(spec, a, bk, d=None, post=None, **kw):
-        launched.append((d, post))
-        for t, mark in ((d, 1.0), (post, 2.0)):  # the stub computes nothing: mark the stores
-            if t is not None:
-                t.fill_(mark)
-        return launch(spec, a, bk, d=d, post=post, **kw)
-
     post_n = n // 2 if act == "swiglu" else n
     a = torch.zeros(100, 64, dtype=torch.bfloat16)
     b = torch.zeros(64, n, dtype=torch.bfloat16).t().contiguous().t()
     with stubbed_kernels():
-        monkeypatch.setattr(ops, "_launch", record)
+        monkeypatch.setattr(ops, "_launch", marking_launch(launched))
         pre, post = ops.gemm_act(a, b, act, checked=True)
         none, post_only = ops.gemm_act(a, b, act, store_preact=False, checked=True)
         room = torch.zeros(100, post_n + 8, dtype=torch.bfloat16)
@@ -224,10 +225,9 @@ def test_gemm_act_stores_rows_tma_cannot_address_through_padded_rows(monkeypatch
     assert post_into.data_ptr() == into.data_ptr() and bool((into == 2).all())
     assert bool((room[:, 0] == 0).all()) and bool((room[:, post_n + 1:] == 0).all())
     assert len(launched) == 3
-    for d, p in launched:
-        for t in (d, p):
-            if t is not None:
-                assert (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
+    for outs in launched:
+        for t in outs.values():
+            assert (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
 
 
 def test_caller_views_whose_rows_end_inside_a_16_byte_chunk_get_the_result_copied_in(monkeypatch):
@@ -242,27 +242,18 @@ def test_caller_views_whose_rows_end_inside_a_16_byte_chunk_get_the_result_copie
     from parallel_mlp.bench.host_stub import stubbed_kernels
 
     launched = []
-    launch = ops._launch
-
-    def record(spec, a, bk, d=None, post=None, **kw):
-        launched.append((d, post))
-        for t, mark in ((d, 1.0), (post, 2.0)):  # the stub computes nothing: mark the stores
-            if t is not None:
-                t.fill_(mark)
-        return launch(spec, a, bk, d=d, post=post, **kw)
-
     a = torch.zeros(40, 64, dtype=torch.bfloat16)
 
     def b(n):
         return torch.zeros(64, n, dtype=torch.bfloat16).t().contiguous().t()
 
     with stubbed_kernels():
-        monkeypatch.setattr(ops, "_launch", record)
+        monkeypatch.setattr(ops, "_launch", marking_launch(launched))
         room = torch.full((40, 64), 7.0, dtype=torch.bfloat16)
         view = room[:, :37]
         assert ops.gemm(a, b(37), out=view, checked=True) is view
         assert bool((view == 1).all()) and bool((room[:, 37:] == 7).all())
-        assert launched[-1][0].data_ptr() != room.data_ptr()
+        assert launched[-1]["d"].data_ptr() != room.data_ptr()
 
         room32 = torch.full((40, 16), 7.0)
         ops.gemm(a, b(6), out=room32[:, :6], accumulate=True, checked=True)
@@ -280,12 +271,12 @@ def test_caller_views_whose_rows_end_inside_a_16_byte_chunk_get_the_result_copie
         assert pre.data_ptr() == pre_room.data_ptr() and post.data_ptr() == post_room.data_ptr()
         assert bool((pre == 1).all()) and bool((post == 2).all())
         assert bool((pre_room[:, 37:] == 7).all()) and bool((post_room[:, 37:] == 7).all())
-        d, p = launched[-1]
-        assert d.data_ptr() != pre_room.data_ptr() and p.data_ptr() != post_room.data_ptr()
+        assert launched[-1]["d"].data_ptr() != pre_room.data_ptr()
+        assert launched[-1]["post"].data_ptr() != post_room.data_ptr()
 
         whole = torch.full((40, 64), 7.0, dtype=torch.bfloat16)
         ops.gemm(a, b(32), out=whole[:, :32], checked=True)
-        assert launched[-1][0].data_ptr() == whole.data_ptr()  # whole chunks: the view itself
+        assert launched[-1]["d"].data_ptr() == whole.data_ptr()  # whole chunks: the view itself
         assert bool((whole[:, :32] == 1).all()) and bool((whole[:, 32:] == 7).all())
 
 
@@ -299,15 +290,6 @@ def test_column_major_outputs_of_the_fused_ops_get_the_result_copied_in(monkeypa
     from parallel_mlp.bench.host_stub import stubbed_kernels
 
     launched = []
-    launch = ops._launch
-
-    def record(spec, a, bk, **kw):
-        outs = {k: kw[k] for k in ("d", "post", "dpre") if kw.get(k) is not None}
-        launched.append(outs)
-        for mark, t in enumerate(outs.values(), start=1):  # the stub computes nothing
-            t.fill_(float(mark))
-        return launch(spec, a, bk, **kw)
-
     def column_major(rows, cols):
         return torch.zeros(cols, rows, dtype=torch.bfloat16).t()
 
@@ -315,7 +297,7 @@ def test_column_major_outputs_of_the_fused_ops_get_the_result_copied_in(monkeypa
     b = torch.zeros(64, 32, dtype=torch.bfloat16).t().contiguous().t()
     dy, w2 = torch.zeros(40, 16, dtype=torch.bfloat16), torch.zeros(16, 32, dtype=torch.bfloat16)
     with stubbed_kernels():
-        monkeypatch.setattr(ops, "_launch", record)
+        monkeypatch.setattr(ops, "_launch", marking_launch(launched))
         pre, post = column_major(40, 32), column_major(40, 32)
         got = ops.gemm_act(a, b, "relu", out_preact=pre, out_postact=post, checked=True)
         assert got[0] is pre and got[1] is post
