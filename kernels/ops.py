@@ -529,8 +529,8 @@ def gemm(a, b, out=None, out_dtype=None, accumulate=False, *, config: Optional[G
          whole_rows: Optional[int] = None, checked: bool = False):
     """out (+)= a @ b. `accumulate=True` adds into `out` (fp32: a TMA reduce-add, out is not read
     back through registers); an `out` TMA cannot store to in place (a misaligned view, rows ending
-    inside a 16-byte chunk) gets the result copied or added in. `whole_rows`: a is a block of rows of an a with that many rows; the
-    kernel is chosen as for the whole GEMM. `checked`: the caller has already checked that the
+    inside a 16-byte chunk) gets the result copied or added in. `whole_rows`: a is a block of rows
+    of an a with that many rows; the kernel is chosen as for the whole GEMM. `checked`: the caller has already checked that the
     cute path can run a and b (unsupported_reason), as the layer does once per call."""
     m, k, n = _shapes(a, b)
     if not checked:
