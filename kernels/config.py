@@ -101,7 +101,14 @@ NARROW_COOPERATIVE_MIN_K = 4096
 # 0.4 s x 4; 1.125 in 2x1 clusters). At K = 2048 pingpong stayed ahead (T=8192 d=2048 h=5632
 # 0.416 against 0.433, T=65536 d=2048 h=704 0.435 against 0.464), and at K = 4096 (0.176
 # against 0.202). `bash tools/gpu_run.sh configs_dact`; benchmarks/h200-dact-short-k.txt.
+# Its preact ring has four slots (dact_prefetch=3, dpreact in place; the same bits as two): a
+# whole tile's preact is in flight during its mainloop, and A/B keep their 4 stages. Held
+# 0.4 s x 6 on an H200, 2026-12-05 (bench configs --only dpost --also dact_prefetch=3), ms two
+# slots -> four: T=65536 d=1024 swiglu h=2816 1.062 -> 1.039, T=8192 0.136 -> 0.134, gelu
+# T=65536 h=1024 0.329 -> 0.316, gelu T=16384 h=4096 0.332 -> 0.325
+# (benchmarks/h200-dact-short-k.txt).
 SHORT_K_DACT_MAX_K = 1024
+SHORT_K_DACT_PREFETCH = 3
 
 
 # L2 cache-policy operands of the TMA copies (the 64-bit encodings CUTLASS's CacheHintSm90 names
@@ -518,7 +525,7 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
         # act takes the same choice as store: recompute replays fc1's act GEMM as a plain one
         # and relies on the same config giving the same bits.
         if kind == "dact" and k <= SHORT_K_DACT_MAX_K:
-            return GemmConfig(128, 128, 1, 1, 8, num_sms)
+            return GemmConfig(128, 128, 1, 1, 8, num_sms, dact_prefetch=SHORT_K_DACT_PREFETCH)
         pingpong = big_pingpong_config(m, n, num_sms, kind)
         if kind == "dact":
             return pingpong

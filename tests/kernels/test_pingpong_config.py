@@ -193,7 +193,8 @@ def test_narrow_pingpong_gives_way_to_cooperative_128x256_from_k_4096():
 
 
 def test_short_k_dacts_take_cooperative_128x128_tiles():
-    """Big dacts up to SHORT_K_DACT_MAX_K run cooperative 128x128 in 1x1 clusters, raster 8; the
+    """Big dacts up to SHORT_K_DACT_MAX_K run cooperative 128x128 in 1x1 clusters, raster 8, with
+    the four-slot preact ring; the
     GEMMs timed for the rule (T=8192 and 65536, d=1024, swiglu h=2816) and the GPU tests' tailed
     shape reach it, K = 2048 and 4096 keep pingpong, and only the dact moves."""
     from parallel_mlp.kernels.config import SHORT_K_DACT_MAX_K, default_config, is_big
@@ -204,7 +205,7 @@ def test_short_k_dacts_take_cooperative_128x128_tiles():
         cfg = default_config(m, n, k, 132, "dact")
         assert (cfg.consumers, cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.cluster_n,
                 cfg.raster_group, cfg.stream_k) == ("cooperative", 128, 128, 1, 1, 8, False)
-        assert (cfg.dact_prefetch, cfg.epi_n, cfg.l2_prefetch) == (1, 32, False)
+        assert (cfg.dact_prefetch, cfg.epi_n, cfg.l2_prefetch) == (3, 32, False)
         for kind in ("store", "act", "accumulate"):
             assert default_config(m, n, k, 132, kind).consumers == "pingpong", (m, n, k, kind)
     for m, n, k in [(8192, 5632, 2048), (65536, 704, 2048), (8192, 1376, 4096),
