@@ -55,11 +55,12 @@
 #                    columns and groups of 8 cluster rows, serpentine, for all (the raster rule,
 #                    config.with_raster, and where rows might also win), held 0.5 s x 4 (~6 min)
 #     short_k_probe  where the dact at K = 1024 (the short-K rule's cooperative 128x128) loses
-#                    its time: on 66 and 100 SMs instead of 132 (per-SM throughput that rises with
-#                    fewer SMs points at contention for HBM or L2 between SMs whose epilogues run
-#                    at once; time that scales with 132/SMs, at latency inside each SM), with
-#                    its preact prefetched into L2 (with a 4-slot ring too) and in 16-column
-#                    subtiles; plain dy@W2 in each config beside it; held 0.4 s x 4 (~3 min)
+#                    its time: on 66 and 100 SMs instead of 132 (a dact that gains on its plain
+#                    GEMM with fewer SMs points at contention for HBM or L2 between SMs whose
+#                    epilogues run at once; an even ratio, at a cost inside each SM: what it read
+#                    on 2026-12-05), with its preact prefetched into L2 (with the 4-slot ring too)
+#                    and in 16-column subtiles; plain dy@W2 in each config beside it; held
+#                    0.4 s x 4 (~2 min)
 #     plain_gemms    tools/plain_gemms.py: the four GEMMs of a step without an activation (fc2, dx,
 #                    the wgrads bf16 and accumulated into fp32), ours against cuBLAS at the sweep's
 #                    30 shapes, CUDA-graphed and held 0.2 s x 4; a JSON (~6 min, a call of its own)
