@@ -11,6 +11,11 @@ the plain GEMM of its shape, both in its default config (cooperative 128x128 til
 GEMM in pingpong 128x192 tiles, and the dact without its pair swap (GemmConfig.dact_pair_swap)
 in that cooperative config and in the big dact's pingpong 128x192 one (16-column subtiles), with
 the swap and without: the shared-memory wavefronts the swap saves under both swizzles.
+``--short-k-pingpong`` profiles the same dact and the plain GEMM of its shape in its default
+config and in pingpong 128x128 tiles (2x1, two preact slots, 16-column subtiles): pingpong gives
+one warpgroup's epilogue the other's mainloop to hide behind yet ran no faster, so what the
+two schedules keep busy (tensor pipe, shared memory, issue) says which resource the epilogue
+takes from the mainloop.
 ``--epilogue-gap T,d,h,act`` (repeatable) profiles, at each shape, the two epilogue GEMMs beside
 the plain GEMMs of their shapes and configs (fc1 + act and plain fc1; the dact and plain dy@W2 in
 the dact's config, and plain dy@W2 in its own default): what the epilogue costs in cycles, clock,
@@ -57,6 +62,23 @@ def short_k_dact_cases():
         ("dpost dy@W2 + swiglu dact, pingpong (big default)", lambda: ops.gemm_dact(dy, w2, pre, "swiglu", config=pp)),
         ("dpost dy@W2 + swiglu dact, pingpong, no pair swap",
          lambda: ops.gemm_dact(dy, w2, pre, "swiglu", config=pp_no_swap)),
+    ]
+
+
+def short_k_pingpong_cases():
+    from ..kernels import ops
+    from ..kernels.config import GemmConfig, default_config
+
+    T, d, h = 8192, 1024, 2816
+    rand = _random_bf16()
+    dy, w2, pre = rand(T, d), rand(d, h, scale=h ** -0.5), rand(T, 2 * h)
+    coop = default_config(T, h, d, kind="dact")
+    pp = GemmConfig(128, 128, 2, 1, 8, consumers="pingpong", dact_prefetch=2, epi_n=16)
+    return [
+        ("dpost dy@W2 + swiglu dact, its default config", lambda: ops.gemm_dact(dy, w2, pre, "swiglu", config=coop)),
+        ("dpost dy@W2 plain, the dact's config", lambda: ops.gemm(dy, w2, config=coop)),
+        ("dpost dy@W2 + swiglu dact, pingpong 128x128", lambda: ops.gemm_dact(dy, w2, pre, "swiglu", config=pp)),
+        ("dpost dy@W2 plain, pingpong 128x128", lambda: ops.gemm(dy, w2, config=pp)),
     ]
 
 
@@ -110,18 +132,24 @@ def main(argv=None) -> int:
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--short-k-dact", action="store_true",
                         help="the swiglu dact at K = 1024 and plain GEMMs of its shape instead")
+    parser.add_argument("--short-k-pingpong", action="store_true",
+                        help="that dact and its plain GEMM, cooperative 128x128 and pingpong 128x128")
     parser.add_argument("--epilogue-gap", action="append", type=parse_shape, metavar="T,d,h,act",
                         help="fc1 + act and the dact beside the plain GEMMs of their shapes and "
                              "configs, at this shape instead (repeatable)")
     args = parser.parse_args(argv)
-    if args.short_k_dact and args.epilogue_gap:
-        parser.error("--short-k-dact and --epilogue-gap are two different case lists: give one")
+    if args.short_k_dact + args.short_k_pingpong + bool(args.epilogue_gap) > 1:
+        parser.error("--short-k-dact, --short-k-pingpong and --epilogue-gap are different case lists: give one")
     if not torch.cuda.is_available():
         raise SystemExit("ncu-cases needs a CUDA GPU")
     if args.epilogue_gap:
         todo = epilogue_gap_cases(args.epilogue_gap)
+    elif args.short_k_dact:
+        todo = short_k_dact_cases()
+    elif args.short_k_pingpong:
+        todo = short_k_pingpong_cases()
     else:
-        todo = short_k_dact_cases() if args.short_k_dact else cases()
+        todo = cases()
     for _ in range(2):
         for name, fn in todo:
             fn()
