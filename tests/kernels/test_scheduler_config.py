@@ -327,3 +327,20 @@ def test_raster_options_compile_for_sm90(along, serpentine, monkeypatch):
     for cfg in (GemmConfig(128, 192, 2, 1, 16, consumers="pingpong", raster_along=along, serpentine=serpentine),
                 GemmConfig(128, 256, 2, 1, 16, raster_along=along, serpentine=serpentine)):
         compile_kernel(KernelKey(EpilogueSpec("store"), cfg, "bfloat16", "row", "row", "bfloat16"))
+
+
+def test_stream_k_compiles_without_the_dsls_slow_loop_warning(monkeypatch):
+    """Stream-K's unrolled loops over the accumulators are intended: compile_kernel keeps the
+    DSL's slow-static-loop warning out of users' logs (it printed once per loop and kernel)."""
+    pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
+    import warnings
+
+    from parallel_mlp.kernels.compile import compile_kernel
+
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    key = KernelKey(EpilogueSpec("store"), GemmConfig(128, 256, 1, 1, 16, stream_k=True),
+                    "bfloat16", "row", "row", "bfloat16")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        compile_kernel(key)
+    assert not [w for w in seen if "static loop" in str(w.message)]
