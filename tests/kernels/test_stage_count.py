@@ -82,3 +82,23 @@ def test_narrow_epilogue_subtiles_buy_stages(cfg, kind, want, monkeypatch):
     b_major = "col" if kind == "dact" else "row"
     key = KernelKey(spec, cfg, "bfloat16", "row", b_major, "bfloat16")
     assert stages_of(key, monkeypatch) == want
+
+
+@pytest.mark.parametrize("act", ["swiglu", "gelu_tanh_approx"])
+def test_short_k_dact_four_slot_ring_keeps_the_two_slot_rings_stages(act, monkeypatch):
+    """The short-K dact's default ring of four preact slots (dpreact in place) takes no A/B stage
+    from the two-slot ring with separate dpreact buffers: the rule was timed on that premise."""
+    pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
+    import dataclasses
+
+    from parallel_mlp.kernels.compile import KernelKey
+    from parallel_mlp.kernels.config import default_config
+    from parallel_mlp.kernels.epilogue_spec import EpilogueSpec
+
+    cfg = default_config(8192, 2816, 1024, 132, "dact")
+    assert cfg.dact_prefetch == 3
+    key = KernelKey(EpilogueSpec("dact", act), cfg, "bfloat16", "row", "col", "bfloat16")
+    two = dataclasses.replace(key, config=dataclasses.replace(cfg, dact_prefetch=1))
+    four_slots, two_slots = stages_of(key, monkeypatch), stages_of(two, monkeypatch)
+    assert four_slots == two_slots, (four_slots, two_slots)
+    assert four_slots == (4 if act == "swiglu" else 5)
