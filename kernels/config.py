@@ -103,9 +103,9 @@ NARROW_COOPERATIVE_MIN_K = 4096
 # against 0.202). `bash tools/gpu_run.sh configs_dact`; benchmarks/h200-dact-short-k.txt.
 # Its preact ring has four slots (dact_prefetch=3, dpreact in place; the same bits as two): a
 # whole tile's preact is in flight during its mainloop, and A/B keep the stages they had (4
-# gated, 5 not). Held 0.4 s x 6 on an H200, 2026-12-05 (bench configs --only dpost --also dact_prefetch=3), ms two
-# slots -> four: T=65536 d=1024 swiglu h=2816 1.062 -> 1.039, T=8192 0.136 -> 0.134, gelu
-# T=65536 h=1024 0.329 -> 0.316, gelu T=16384 h=4096 0.332 -> 0.325
+# gated, 5 not). Held 0.4 s x 6 on an H200, 2026-12-05 (bench configs --only dpost --also
+# dact_prefetch=3), ms two slots -> four: T=65536 d=1024 swiglu h=2816 1.062 -> 1.039, T=8192
+# 0.136 -> 0.134, gelu T=65536 h=1024 0.329 -> 0.316, gelu T=16384 h=4096 0.332 -> 0.325
 # (benchmarks/h200-dact-short-k.txt).
 SHORT_K_DACT_MAX_K = 1024
 SHORT_K_DACT_PREFETCH = 3
