@@ -42,13 +42,22 @@ def _random_bf16(seed: int = 0):
     return rand
 
 
+SHORT_K = (8192, 1024, 2816)  # T, d, h of the swiglu dact at K = d = 1024
+
+
+def _short_k_operands():
+    """dy, W2 and the interleaved swiglu preact of the short-K dact (SHORT_K), seeded."""
+    T, d, h = SHORT_K
+    rand = _random_bf16()
+    return rand(T, d), rand(d, h, scale=h ** -0.5), rand(T, 2 * h)
+
+
 def short_k_dact_cases():
     from ..kernels import ops
     from ..kernels.config import big_pingpong_config, default_config
 
-    T, d, h = 8192, 1024, 2816
-    rand = _random_bf16()
-    dy, w2, pre = rand(T, d), rand(d, h, scale=h ** -0.5), rand(T, 2 * h)
+    T, d, h = SHORT_K
+    dy, w2, pre = _short_k_operands()
     # the dact's own config (the short-K dact rule's), for the plain GEMM beside it
     dact_cfg = default_config(T, h, d, kind="dact")
     no_swap = dataclasses.replace(dact_cfg, dact_pair_swap=False)
@@ -69,9 +78,8 @@ def short_k_pingpong_cases():
     from ..kernels import ops
     from ..kernels.config import GemmConfig, default_config
 
-    T, d, h = 8192, 1024, 2816
-    rand = _random_bf16()
-    dy, w2, pre = rand(T, d), rand(d, h, scale=h ** -0.5), rand(T, 2 * h)
+    T, d, h = SHORT_K
+    dy, w2, pre = _short_k_operands()
     coop = default_config(T, h, d, kind="dact")
     pp = GemmConfig(128, 128, 2, 1, 8, consumers="pingpong", dact_prefetch=2, epi_n=16)
     return [
