@@ -171,6 +171,15 @@ class GemmConfig:
     # A/B stages beside it, or a second preact slot per pingpong warpgroup), at twice the
     # subtiles (TMA stores and barriers) per tile.
     epi_n: int = 32
+    # Shared-memory buffers per epilogue output channel. 2: after issuing a subtile's TMA stores
+    # the store warp waits until the previous subtile's stores have read their buffer, and a
+    # second barrier per subtile tells the other warps that the buffer they write next is free.
+    # 3: the same wait frees the buffer two subtiles ahead, so the next subtile's one barrier
+    # carries the news and each subtile needs a single barrier (one more buffer of each output
+    # channel in shared memory). The epilogue is latency, not bandwidth, where it is not hidden
+    # (kernels/NOTES.md, "Open problems"): each barrier lines every consumer warp up behind the
+    # slowest.
+    epi_stages: int = 2
     # The L2 eviction policy of the TMA copies, by CACHE_HINTS: "normal" (EVICT_NORMAL on every
     # copy, as CUTLASS C++ passes by default), "none" (the DSL's undocumented operand of 0),
     # "stream" (epilogue traffic evict-first) or "keep" (A/B tiles evict-last as well). Held 2 s
@@ -267,6 +276,8 @@ class GemmConfig:
             raise ValueError(f"cache_hints={self.cache_hints!r}: must be one of {sorted(CACHE_HINTS)}")
         if self.epi_n not in (16, 32):
             raise ValueError(f"epi_n={self.epi_n}: must be 16 or 32")
+        if self.epi_stages not in (2, 3):
+            raise ValueError(f"epi_stages={self.epi_stages}: must be 2 or 3")
         if not 2 <= self.max_stages <= 8:
             raise ValueError(f"max_stages={self.max_stages}: must be 2 to 8")
         if self.dact_prefetch not in (1, 2, 3):
@@ -288,6 +299,7 @@ class GemmConfig:
         l2 = "_l2pf" if self.l2_prefetch else ""
         st = "" if self.max_stages == 8 else f"_st{self.max_stages}"
         st += "" if self.epi_n == 32 else f"_e{self.epi_n}"
+        st += "" if self.epi_stages == 2 else f"_es{self.epi_stages}"
         st += "" if self.cache_hints == "normal" else f"_l2{self.cache_hints}"
         st += "_sk" if self.stream_k else ""
         st += "" if self.dact_pair_swap else "_nops"

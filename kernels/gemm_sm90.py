@@ -62,7 +62,10 @@ except ImportError:  # pragma: no cover
 SMEM_CAPACITY = 232448  # max dynamic smem per CTA on sm_90 (227 KB)
 PRODUCER_REGS = 40
 CONSUMER_REGS = 232
-EPI_STAGES = 2
+PREACT_RING = 2  # preact slots of the dact that writes dpreact to buffers of its own
+# The TMA store pipeline's stages: its acquire waits until one store group (this subtile's) is in
+# flight, i.e. the previous subtile's stores have read shared memory, whatever the buffer count.
+STORE_WINDOW = 2
 
 # Named barrier IDs (0 is __syncthreads). Cooperative: 1 = the 256 consumer threads' epilogue
 # barrier. Pingpong: 1 + w = warpgroup w's own epilogue barrier (128 threads); the mainloop and
@@ -92,6 +95,12 @@ class PersistentGemmSm90:
         self.max_active_clusters = config.num_sms // (config.cluster_m * config.cluster_n)
         self.dynamic = config.scheduler == "dynamic"
         self.dact_pair_swap = config.dact_pair_swap
+        # Output buffers per epilogue channel (config.epi_stages). With two, a subtile ends in a
+        # second barrier: the store warp has just seen the previous subtile's stores read their
+        # buffer, the one written next. With three, that wait frees the buffer two subtiles
+        # ahead and the next subtile's barrier passes it on, so a subtile has one barrier.
+        self.out_stages = config.epi_stages
+        self.single_barrier = self.out_stages > 2
         self.stream_k = config.stream_k
         if self.stream_k and epilogue.kind == "dact":
             # Only the owner of a tile runs its epilogue; the dact's preact ring is loaded ahead
@@ -113,7 +122,7 @@ class PersistentGemmSm90:
         if self.dpre_in_place:
             self.l_ring = config.dact_prefetch if self.pingpong else config.dact_prefetch + 1  # slots per warpgroup
         else:
-            self.l_ring = EPI_STAGES
+            self.l_ring = PREACT_RING
         self.l_ahead = self.l_ring - 1  # preact subtiles loaded ahead of the one computed
         # The channel dpreact leaves by when in place: gated X, else D (None: not in place).
         self.dpre = ("X" if epilogue.gated else "D") if self.dpre_in_place else None
@@ -155,7 +164,7 @@ class PersistentGemmSm90:
         # Pingpong: the output channels are shared by the two warpgroups (their epilogues take
         # turns), but each has its own preact ring (L), loaded before its mainloop.
         self.l_stages = self.l_ring * (2 if self.pingpong else 1)
-        stages = {c: (self.l_stages if c == "L" else EPI_STAGES) for c in widths}
+        stages = {c: (self.l_stages if c == "L" else self.out_stages) for c in widths}
         epi_bytes = sum(
             tm * w * dtypes[c].width // 8 * stages[c] if w else 1024 for c, w in widths.items()
         )
@@ -502,7 +511,7 @@ class PersistentGemmSm90:
                 S = ep.S  # a Python int; read inside the tile loop, ep's ints would arrive dynamic
                 epi_barrier = pipeline.NamedBarrier(barrier_id=1, num_threads=self.num_mma_threads)
                 store_pipeline = pipeline.PipelineTmaStore.create(
-                    num_stages=EPI_STAGES,
+                    num_stages=STORE_WINDOW,
                     producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads),
                 )
                 store_warp = 4  # first consumer warp issues the TMA stores
@@ -714,7 +723,7 @@ class PersistentGemmSm90:
         # groups are that warp's own, so the two warpgroups' store pipelines are independent.
         epi_barrier = pipeline.NamedBarrier(barrier_id=PP_EPI_BARRIER + wg, num_threads=128)
         store_pipeline = pipeline.PipelineTmaStore.create(
-            num_stages=EPI_STAGES,
+            num_stages=STORE_WINDOW,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
         )
         is_store_warp = warp_idx % 4 == 0
@@ -915,17 +924,20 @@ class PersistentGemmSm90:
         accumulators (value v of subtile e is register acc_of[e * S + v], at tile coordinates
         cT and problem coordinates cG), run the variant's `visit`, write the acc-shaped outputs
         by stmatrix, then the store warp sends every channel's smem subtile out by TMA and waits
-        until the store issued one subtile earlier has read its buffer, which is the one written
-        next. S is the number of accumulator values per subtile (a compile-time constant).
+        until the store issued one subtile earlier has read its buffer. With two buffers that is
+        the buffer written next, and a second barrier passes the news on; with three it is the
+        buffer written two subtiles on, and the next subtile's barrier passes it on.
+        S is the number of accumulator values per subtile (a compile-time constant).
         `count` numbers this thread group's subtiles: it picks the preact slot and its
-        phase, and the output buffer when `buffer_by_count` (else buffer e % 2, for epilogues that
-        start drained); `drain_last` waits for all stores at the last subtile instead.
+        phase, and the output buffer when `buffer_by_count` (else buffer e % out_stages, for
+        epilogues that start drained); `drain_last` waits for all stores at the last subtile
+        instead.
         """
         has = {c: self.ch_width[c] > 0 for c in self.ch_width}
         w = self.epi_tile[1]
         num_sub = self.tile_shape_mnk[1] // w
         for e in cutlass.range_constexpr(num_sub):
-            buf = count % EPI_STAGES if cutlass.const_expr(buffer_by_count) else e % EPI_STAGES
+            buf = count % self.out_stages if cutlass.const_expr(buffer_by_count) else e % self.out_stages
             lslot = wg * self.l_ring + count % self.l_ring
             if cutlass.const_expr(has["L"]):
                 if cutlass.const_expr(not self.dpre_in_place and e + 1 < num_sub):
@@ -973,7 +985,8 @@ class PersistentGemmSm90:
                     cute.arch.cp_async_bulk_wait_group(0, read=True)
                     self._load_preact(ep, tc, e + 1, count + 1, wg)
                 else:
-                    # Before buffer `buf` is written again, its store must have read smem.
+                    # The previous subtile's stores must have read their buffers before those are
+                    # written again.
                     store_pipeline.producer_acquire()
                     if cutlass.const_expr(self.dpre_in_place and not self.pingpong and e + self.l_ahead < num_sub):
                         # The previous subtile's stores have read its preact slot, which is the
@@ -984,7 +997,8 @@ class PersistentGemmSm90:
                         # Pingpong filled every slot at the tile's start: the slot subtile e - 1
                         # has just released takes subtile e - 1 + l_ring.
                         self._load_preact(ep, tc, e - 1 + self.l_ring, count - 1 + self.l_ring, wg)
-            epi_barrier.arrive_and_wait()
+            if cutlass.const_expr(not self.single_barrier):
+                epi_barrier.arrive_and_wait()
             count += 1
         return count
 
