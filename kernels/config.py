@@ -180,6 +180,12 @@ class GemmConfig:
     # (kernels/NOTES.md, "Open problems"): each barrier lines every consumer warp up behind the
     # slowest.
     epi_stages: int = 2
+    # Cooperative tiles: the epilogue's TMA stores (and the dact's preact loads) are issued by a
+    # warp of the producer warpgroup, idle otherwise, instead of the first consumer warp. The
+    # consumer warps then never wait for each other in an epilogue: each arrives at its
+    # subtile's buffer barrier and goes on, and waits only for the buffer it writes next, freed
+    # by the store warp epi_stages - 1 subtiles earlier. Static scheduler, whole tiles.
+    epi_store_warp: bool = False
     # The L2 eviction policy of the TMA copies, by CACHE_HINTS: "normal" (EVICT_NORMAL on every
     # copy, as CUTLASS C++ passes by default), "none" (the DSL's undocumented operand of 0),
     # "stream" (epilogue traffic evict-first) or "keep" (A/B tiles evict-last as well). Held 2 s
@@ -207,7 +213,7 @@ class GemmConfig:
     serpentine: bool = False
 
     def __post_init__(self):
-        for name in ("l2_prefetch", "stream_k", "dact_pair_swap", "serpentine"):
+        for name in ("l2_prefetch", "stream_k", "dact_pair_swap", "serpentine", "epi_store_warp"):
             # a string such as "no" would otherwise switch the option on without a word
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be True or False")
@@ -278,6 +284,12 @@ class GemmConfig:
             raise ValueError(f"epi_n={self.epi_n}: must be 16 or 32")
         if self.epi_stages not in (2, 3):
             raise ValueError(f"epi_stages={self.epi_stages}: must be 2 or 3")
+        if self.epi_store_warp and (self.consumers, self.scheduler, self.stream_k) != ("cooperative", "static", False):
+            raise ValueError(
+                f"epi_store_warp=True with consumers={self.consumers!r}, scheduler={self.scheduler!r}, "
+                f"stream_k={self.stream_k}: the store warp walks the static tile sequence of cooperative "
+                "whole tiles (consumers='cooperative', scheduler='static', stream_k=False)"
+            )
         if not 2 <= self.max_stages <= 8:
             raise ValueError(f"max_stages={self.max_stages}: must be 2 to 8")
         if self.dact_prefetch not in (1, 2, 3):
@@ -300,6 +312,7 @@ class GemmConfig:
         st = "" if self.max_stages == 8 else f"_st{self.max_stages}"
         st += "" if self.epi_n == 32 else f"_e{self.epi_n}"
         st += "" if self.epi_stages == 2 else f"_es{self.epi_stages}"
+        st += "_sw" if self.epi_store_warp else ""
         st += "" if self.cache_hints == "normal" else f"_l2{self.cache_hints}"
         st += "_sk" if self.stream_k else ""
         st += "" if self.dact_pair_swap else "_nops"

@@ -73,6 +73,11 @@ STORE_WINDOW = 2
 PP_EPI_BARRIER = 1
 PP_MMA_ORDER = 3
 PP_EPI_ORDER = 5
+# config.epi_store_warp: warp 1 of the producer warpgroup issues the epilogue's TMA stores. Buffer
+# b's "full" barrier (the consumers arrive, the store warp waits) is EPI_FULL_BARRIER + b, its
+# "empty" one (the store warp arrives, the consumers wait) EPI_FULL_BARRIER + epi_stages + b.
+EPI_STORE_WARP = 1
+EPI_FULL_BARRIER = 2
 
 
 class PersistentGemmSm90:
@@ -101,6 +106,10 @@ class PersistentGemmSm90:
         # ahead and the next subtile's barrier passes it on, so a subtile has one barrier.
         self.out_stages = config.epi_stages
         self.single_barrier = self.out_stages > 2
+        self.store_warp_apart = config.epi_store_warp
+        self.full_barrier = EPI_FULL_BARRIER
+        self.empty_barrier = EPI_FULL_BARRIER + self.out_stages
+        self.buffer_sync_threads = self.num_mma_threads + 32  # the consumers and the store warp
         self.stream_k = config.stream_k
         if self.stream_k and epilogue.kind == "dact":
             # Only the owner of a tile runs its epilogue; the dact's preact ring is loaded ahead
@@ -465,6 +474,17 @@ class PersistentGemmSm90:
                 # Wait for the consumers to release the last stages, so no CTA of the cluster
                 # exits while a multicast into its smem is in flight.
                 ab_pipeline.producer_tail(state)
+            if cutlass.const_expr(self.store_warp_apart):
+                if warp_idx == EPI_STORE_WARP:
+                    ep = self._tma_views(
+                        storage.sD.get_tensor(sD_layout.outer, swizzle=sD_layout.inner),
+                        storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner),
+                        storage.sH.get_tensor(sH_layout.outer, swizzle=sH_layout.inner),
+                        storage.sX.get_tensor(sX_layout.outer, swizzle=sX_layout.inner),
+                        storage.sL.get_tensor(sL_layout.outer, swizzle=sL_layout.inner),
+                        tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, l_mbar,
+                    )
+                    self._store_warp(ep, sched_params)
         else:
             # ---------------- consumer warpgroups ----------------
             cute.arch.setmaxregister_increase(CONSUMER_REGS)
@@ -529,7 +549,7 @@ class PersistentGemmSm90:
                 else:
                     while work.is_valid_tile:
                         tc = work.tile_idx
-                        if cutlass.const_expr(has["L"]):
+                        if cutlass.const_expr(has["L"] and not self.store_warp_apart):
                             # Start this tile's first preact subtiles now, so they land during the
                             # mainloop (their slots' stores finished by the last tile's last acquire).
                             if warp_idx == store_warp:
@@ -550,7 +570,16 @@ class PersistentGemmSm90:
 
                         sched.advance_to_next_work()
                         work = sched.get_current_work()
-                store_pipeline.producer_tail()
+                if cutlass.const_expr(self.store_warp_apart):
+                    # The store warp frees buffers epi_stages - 1 subtiles ahead of its last
+                    # one; take those frees, so that no barrier is left half arrived at exit.
+                    for j in cutlass.range_constexpr(self.out_stages - 1):
+                        cute.arch.barrier(
+                            barrier_id=self.empty_barrier + (epi_count + j) % self.out_stages,
+                            number_of_threads=self.buffer_sync_threads,
+                        )
+                else:
+                    store_pipeline.producer_tail()
 
 
     # ---- stream-K (config.stream_k; see tile_scheduler) --------------------------------------------
@@ -816,7 +845,7 @@ class PersistentGemmSm90:
         walks the accumulators in the copy's order (pingpong, and the 256-row cooperative tile);
         it runs after the accumulators are retiled and before the smem partitions are made."""
         row = LayoutEnum.ROW_MAJOR
-        ep = SimpleNamespace(tma={"D": tma_d, "P": tma_p, "H": tma_h, "X": tma_x, "L": tma_l}, l_mbar=l_mbar)
+        ep = self._tma_views(sD, sP, sH, sX, sL, tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, l_mbar)
         c_atom_d = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.d_dtype)
         ep.r2s_d = cute.make_tiled_copy_S(
             sm90_utils.get_smem_store_op(row, self.d_dtype, self.acc_dtype),
@@ -829,7 +858,6 @@ class PersistentGemmSm90:
         )
         ep.thr_r2s_d = ep.r2s_d.get_slice(thr_idx)
         thr_r2s_p = ep.r2s_p.get_slice(thr_idx)
-        ep.sH, ep.sX, ep.sL = sH, sX, sL
         if cutlass.const_expr(copy_order is None):
             ep.tRS_sD = ep.thr_r2s_d.partition_D(sD)
             ep.tRS_sP = thr_r2s_p.partition_D(sP)
@@ -846,20 +874,28 @@ class PersistentGemmSm90:
         ep.rP = cute.make_rmem_tensor(sub_shape, self.acc_dtype)
         ep.rD_out = cute.make_rmem_tensor(sub_shape, self.d_dtype)
         ep.rP_out = cute.make_rmem_tensor(sub_shape, self.post_dtype)
-        # TMA views: (TMA, subtiles_m, subtiles_n, 1) of each global channel tensor; subtile
-        # (i, j) of a channel covers the same accumulator columns for every channel width.
-        ep.smem, ep.gmem = {}, {}
-        for c, mT, sT in (("D", mD, sD), ("P", mP, sP), ("H", mH, sH), ("X", mX, sX), ("L", mL, sL)):
-            ep.smem[c], ep.gmem[c] = self._tma_view(ep.tma[c], mT, sT, c)
-        # In place: dpreact (channel X if gated, else D) is written into, and stored from, the
-        # preact ring; the non-gated one by stmatrix, like channel D.
+        # In place: the non-gated dpreact is written into the preact ring by stmatrix, like
+        # channel D.
         if cutlass.const_expr(self.dpre_in_place):
-            mT = mX if self.epi.gated else mD
-            ep.smem[self.dpre], ep.gmem[self.dpre] = self._tma_view(ep.tma[self.dpre], mT, sL, "L")
             ep.tRS_sL = ep.thr_r2s_d.partition_D(sL)
         self.epilogue.pair_swap = None
         if cutlass.const_expr(self.epi.kind == "dact" and self.epi.gated and self.dact_pair_swap):
             self.epilogue.pair_swap = self._pair_swap(tiled_mma, ep.r2s_d, copy_order is not None, ep.S)
+        return ep
+
+    def _tma_views(self, sD, sP, sH, sX, sL, tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, l_mbar):
+        """What issuing the epilogue's TMA copies takes (a namespace): every channel's atom and
+        its (TMA, subtiles_m, subtiles_n, 1) views of the global tensor and the smem buffers;
+        subtile (i, j) of a channel covers the same accumulator columns for every channel width.
+        In place, dpreact (channel X if gated, else D) leaves from the preact ring."""
+        ep = SimpleNamespace(tma={"D": tma_d, "P": tma_p, "H": tma_h, "X": tma_x, "L": tma_l}, l_mbar=l_mbar)
+        ep.sH, ep.sX, ep.sL = sH, sX, sL
+        ep.smem, ep.gmem = {}, {}
+        for c, mT, sT in (("D", mD, sD), ("P", mP, sP), ("H", mH, sH), ("X", mX, sX), ("L", mL, sL)):
+            ep.smem[c], ep.gmem[c] = self._tma_view(ep.tma[c], mT, sT, c)
+        if cutlass.const_expr(self.dpre_in_place):
+            mT = mX if self.epi.gated else mD
+            ep.smem[self.dpre], ep.gmem[self.dpre] = self._tma_view(ep.tma[self.dpre], mT, sL, "L")
         return ep
 
     def _pair_swap(self, tiled_mma, r2s, copy_ordered: bool, S: int):
@@ -940,10 +976,13 @@ class PersistentGemmSm90:
             buf = count % self.out_stages if cutlass.const_expr(buffer_by_count) else e % self.out_stages
             lslot = wg * self.l_ring + count % self.l_ring
             if cutlass.const_expr(has["L"]):
-                if cutlass.const_expr(not self.dpre_in_place and e + 1 < num_sub):
+                if cutlass.const_expr(not self.dpre_in_place and e + 1 < num_sub and not self.store_warp_apart):
                     if is_store_warp:
                         self._load_preact(ep, tc, e + 1, count + 1, wg)
                 cute.arch.mbarrier_wait(ep.l_mbar + lslot, (count // self.l_ring) % 2)
+            if cutlass.const_expr(self.store_warp_apart):
+                # Buffer `buf` is free once the store warp has seen its last stores read it.
+                cute.arch.barrier(barrier_id=self.empty_barrier + buf, number_of_threads=self.buffer_sync_threads)
             for v in cutlass.range_constexpr(S):
                 ep.rAcc[v] = ep.tRS_acc[acc_of[e * S + v]]
             self.epilogue.visit(
@@ -964,43 +1003,108 @@ class PersistentGemmSm90:
                 cute.copy(ep.r2s_p, ep.rP_out, ep.tRS_sP[(None, None, None, buf)])
             # smem written by the generic proxy, read next by the TMA (async proxy).
             cute.arch.fence_proxy("async.shared", space="cta")
-            epi_barrier.arrive_and_wait()
-            if is_store_warp:
-                sm = tc[0]
-                sn = tc[1] * num_sub + e
-                for c in ("D", "P", "H", "X"):
-                    if cutlass.const_expr(c == self.dpre):
-                        cute.copy(ep.tma[c], ep.smem[c][(None, lslot)], ep.gmem[c][(None, sm, sn, 0)],
-                                  cache_policy=self._policy(2))
-                    elif cutlass.const_expr(has[c]):
-                        cute.copy(ep.tma[c], ep.smem[c][(None, buf)], ep.gmem[c][(None, sm, sn, 0)],
-                                  cache_policy=self._policy(2))
-                store_pipeline.producer_commit()
-                if cutlass.const_expr(drain_last and e + 1 == num_sub):
-                    # Hand the shared buffers over empty: every store of this tile has read smem.
-                    cute.arch.cp_async_bulk_wait_group(0, read=True)
-                elif cutlass.const_expr(self.dpre_in_place and self.l_ring == 1 and e + 1 < num_sub):
-                    # One preact slot: once this subtile's stores have read it (dpreact left from
-                    # it), it takes the next subtile's preact.
-                    cute.arch.cp_async_bulk_wait_group(0, read=True)
-                    self._load_preact(ep, tc, e + 1, count + 1, wg)
-                else:
-                    # The previous subtile's stores must have read their buffers before those are
-                    # written again.
-                    store_pipeline.producer_acquire()
-                    if cutlass.const_expr(self.dpre_in_place and not self.pingpong and e + self.l_ahead < num_sub):
-                        # The previous subtile's stores have read its preact slot, which is the
-                        # slot of subtile e + l_ahead: refill it.
-                        self._load_preact(ep, tc, e + self.l_ahead, count + self.l_ahead, wg)
-                    if cutlass.const_expr(self.dpre_in_place and self.pingpong and e >= 1
-                                          and e - 1 + self.l_ring < num_sub):
-                        # Pingpong filled every slot at the tile's start: the slot subtile e - 1
-                        # has just released takes subtile e - 1 + l_ring.
-                        self._load_preact(ep, tc, e - 1 + self.l_ring, count - 1 + self.l_ring, wg)
-            if cutlass.const_expr(not self.single_barrier):
+            if cutlass.const_expr(self.store_warp_apart):
+                # Hand the subtile to the store warp and go on.
+                cute.arch.barrier_arrive(barrier_id=self.full_barrier + buf, number_of_threads=self.buffer_sync_threads)
+            else:
+                epi_barrier.arrive_and_wait()
+            if cutlass.const_expr(not self.store_warp_apart):
+                if is_store_warp:
+                    self._store_subtile(ep, tc, e, buf, lslot)
+                    store_pipeline.producer_commit()
+                    if cutlass.const_expr(drain_last and e + 1 == num_sub):
+                        # Hand the shared buffers over empty: every store of this tile has read smem.
+                        cute.arch.cp_async_bulk_wait_group(0, read=True)
+                    elif cutlass.const_expr(self.dpre_in_place and self.l_ring == 1 and e + 1 < num_sub):
+                        # One preact slot: once this subtile's stores have read it (dpreact left from
+                        # it), it takes the next subtile's preact.
+                        cute.arch.cp_async_bulk_wait_group(0, read=True)
+                        self._load_preact(ep, tc, e + 1, count + 1, wg)
+                    else:
+                        # The previous subtile's stores must have read their buffers before those are
+                        # written again.
+                        store_pipeline.producer_acquire()
+                        if cutlass.const_expr(self.dpre_in_place and not self.pingpong and e + self.l_ahead < num_sub):
+                            # The previous subtile's stores have read its preact slot, which is the
+                            # slot of subtile e + l_ahead: refill it.
+                            self._load_preact(ep, tc, e + self.l_ahead, count + self.l_ahead, wg)
+                        if cutlass.const_expr(self.dpre_in_place and self.pingpong and e >= 1
+                                              and e - 1 + self.l_ring < num_sub):
+                            # Pingpong filled every slot at the tile's start: the slot subtile e - 1
+                            # has just released takes subtile e - 1 + l_ring.
+                            self._load_preact(ep, tc, e - 1 + self.l_ring, count - 1 + self.l_ring, wg)
+            if cutlass.const_expr(not self.single_barrier and not self.store_warp_apart):
                 epi_barrier.arrive_and_wait()
             count += 1
         return count
+
+    @cute.jit
+    def _store_subtile(self, ep, tc, e: cutlass.Constexpr, buf, lslot):
+        """Issue the TMA stores of subtile e of tile tc: every output channel from buffer `buf`,
+        dpreact in place from preact slot `lslot`. Called by a whole warp."""
+        num_sub = self.tile_shape_mnk[1] // self.epi_tile[1]
+        sm = tc[0]
+        sn = tc[1] * num_sub + e
+        for c in ("D", "P", "H", "X"):
+            if cutlass.const_expr(c == self.dpre):
+                cute.copy(ep.tma[c], ep.smem[c][(None, lslot)], ep.gmem[c][(None, sm, sn, 0)],
+                          cache_policy=self._policy(2))
+            elif cutlass.const_expr(self.ch_width[c] > 0):
+                cute.copy(ep.tma[c], ep.smem[c][(None, buf)], ep.gmem[c][(None, sm, sn, 0)],
+                          cache_policy=self._policy(2))
+
+    @cute.jit
+    def _store_warp(self, ep, sched_params):
+        """config.epi_store_warp: the producer warpgroup's warp EPI_STORE_WARP walks the CTA's
+        tiles as the cooperative consumers do and issues every subtile's TMA stores (and the
+        dact's preact loads) in their place.
+
+        Per subtile (count c, buffer c % N with N = epi_stages): wait at the buffer's full
+        barrier for every consumer thread, issue the stores, wait until the previous subtile's
+        stores have read shared memory and arrive at that buffer's empty barrier, which the
+        consumers wait at before writing it again, at count c + N - 1. The first N - 1 buffers
+        start free. The preact ring is refilled as the consumers' store warp would refill it."""
+        tn = self.tile_shape_mnk[1]
+        num_sub = tn // self.epi_tile[1]
+        n_buf = self.out_stages
+        threads = self.buffer_sync_threads
+        has_l = self.ch_width["L"] > 0
+        store_pipeline = pipeline.PipelineTmaStore.create(
+            num_stages=STORE_WINDOW, producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32),
+        )
+        for b in cutlass.range_constexpr(n_buf - 1):
+            cute.arch.barrier_arrive(barrier_id=self.empty_barrier + b, number_of_threads=threads)
+        sched = tile_scheduler.create(sched_params)
+        work = sched.initial_work_tile_info()
+        count = cutlass.Int32(0)
+        while work.is_valid_tile:
+            tc = work.tile_idx
+            if cutlass.const_expr(has_l):
+                # The tile's first preact subtiles land during its mainloop; their slots' stores
+                # read them by the last tile's last wait.
+                for e in cutlass.range_constexpr(min(self.l_ahead, num_sub)):
+                    self._load_preact(ep, tc, e, count + e, 0)
+            for e in cutlass.range_constexpr(num_sub):
+                buf = count % n_buf
+                lslot = count % self.l_ring
+                if cutlass.const_expr(has_l and not self.dpre_in_place and e + 1 < num_sub):
+                    # Two slots: the next subtile's goes where the consumers finished reading
+                    # (their arrival at the last subtile's full barrier).
+                    self._load_preact(ep, tc, e + 1, count + 1, 0)
+                cute.arch.barrier(barrier_id=self.full_barrier + buf, number_of_threads=threads)
+                self._store_subtile(ep, tc, e, buf, lslot)
+                store_pipeline.producer_commit()
+                store_pipeline.producer_acquire()  # the previous subtile's stores have read smem
+                cute.arch.barrier_arrive(
+                    barrier_id=self.empty_barrier + (count + n_buf - 1) % n_buf, number_of_threads=threads,
+                )
+                if cutlass.const_expr(self.dpre_in_place and e + self.l_ahead < num_sub):
+                    # The previous subtile's slot is the slot of subtile e + l_ahead.
+                    self._load_preact(ep, tc, e + self.l_ahead, count + self.l_ahead, 0)
+                count += 1
+            sched.advance_to_next_work()
+            work = sched.get_current_work()
+        store_pipeline.producer_tail()
 
 
 def _subtile_order(tiled_mma, r2s, tm: int, tn: int):

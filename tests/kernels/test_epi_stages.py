@@ -1,9 +1,11 @@
-"""The epi_stages option (CPU): validation, names, and what it does to a compiled kernel.
+"""The epi_stages and epi_store_warp options (CPU): validation, names, and what they do to a
+compiled kernel.
 
 Three output buffers per epilogue channel let each subtile run one barrier instead of two: the
 sm_90a PTX of a tile's epilogue must hold exactly one named-barrier wait fewer per subtile, and
-the buffer it adds must not cost the default dacts an A/B stage. Its GPU tests, bitwise against
-the two-buffer kernels, are in test_epi_stages_gpu.py."""
+the buffer it adds must not cost the default dacts an A/B stage. With the store warp apart, no
+consumer thread waits at a barrier of the consumers alone. Their GPU tests, bitwise against the
+default kernels, are in test_epi_stages_gpu.py."""
 
 import re
 
@@ -88,3 +90,29 @@ def test_the_third_buffer_keeps_the_defaults_stages(case, monkeypatch):
     two = stages_of(_key(kind, act, cfg, b_major), monkeypatch)
     three = stages_of(_key(kind, act, dataclasses.replace(cfg, epi_stages=3), b_major), monkeypatch)
     assert three == two, f"{case}: {two} A/B stages with two output buffers, {three} with three"
+
+
+def test_store_warp_rule_and_name():
+    assert GemmConfig().epi_store_warp is False
+    assert GemmConfig(128, 128, epi_store_warp=True).key == "t128x128_c1x1_g8_sm132_sw"
+    assert GemmConfig(128, 128, epi_stages=3, epi_store_warp=True).key.endswith("_es3_sw")
+    for bad in (dict(consumers="pingpong"), dict(scheduler="dynamic"), dict(stream_k=True)):
+        with pytest.raises(ValueError, match="epi_store_warp=True .* cooperative whole tiles"):
+            GemmConfig(128, 128, epi_store_warp=True, **bad)
+    with pytest.raises(ValueError, match="epi_store_warp='yes': must be True or False"):
+        GemmConfig(epi_store_warp="yes")
+
+
+@pytest.mark.parametrize("tile_m,stages", [(128, 2), (128, 3), (64, 3)])
+def test_with_the_store_warp_apart_consumers_never_wait_for_each_other(tile_m, stages):
+    pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
+
+    cfg = GemmConfig(tile_m, 128, 1, 1, 8, dact_prefetch=1 if tile_m == 64 else 3, epi_stages=stages,
+                     epi_store_warp=True)
+    ptx = _ptx("dact", "swiglu", cfg, "col")
+    consumers = 128 * (tile_m // 64)
+    waits = re.findall(r"\bbar\.sync\s+(\S+),\s*(\d+);", ptx)
+    arrives = re.findall(r"\bbar\.arrive\s+(\S+),\s*(\d+);", ptx)
+    # every wait is at a buffer barrier, shared with the store warp; none among the consumers
+    assert waits and all(int(n) == consumers + 32 for _, n in waits), waits
+    assert {int(n) for _, n in arrives} == {consumers + 32}, arrives

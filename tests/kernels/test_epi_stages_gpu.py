@@ -1,15 +1,17 @@
-"""Three output buffers per epilogue channel (GemmConfig(epi_stages=3)) on an sm_90 GPU.
+"""Three output buffers per epilogue channel (GemmConfig(epi_stages=3)) and the producer
+warpgroup's store warp (GemmConfig(epi_store_warp=True)) on an sm_90 GPU.
 
 The third buffer lets a subtile end without its second barrier: warps may run a subtile ahead of
-the store warp, and the buffer a subtile writes was freed two subtiles before. Only the order of
-shared-memory traffic changes, never the math, so each kernel must equal its two-buffer twin bit
-for bit, and the fp32 reference by DESIGN.md's tolerance. The configs cover every way a subtile
-finds its buffers: cooperative tiles that never drain between tiles (buffers by a running
-count, the count carried over many tiles per SM), pingpong warpgroups that drain at each turn,
-every preact ring (two slots with dpreact buffers of its own, the in-place rings of 3 and 4
-slots, one and two slots per pingpong warpgroup), 256-row tiles, 16-column subtiles and
-stream-K's owner pieces; the shapes have tails in M, N and K, more tiles than SMs, and one K
-block (the epilogue alone).
+the store warp, and the buffer a subtile writes was freed two subtiles before. The store warp
+apart lets every consumer warp hand its subtile over and go on, up to epi_stages - 1 subtiles
+ahead of the stores. Only the order of shared-memory traffic changes, never the math, so each
+kernel must equal its two-buffer, in-consumer-store twin bit for bit, and the fp32 reference by
+DESIGN.md's tolerance. The configs cover every way a subtile finds its buffers: cooperative
+tiles that never drain between tiles (buffers by a running count, the count carried over many
+tiles per SM), pingpong warpgroups that drain at each turn, every preact ring (two slots with
+dpreact buffers of its own, the in-place rings of 3 and 4 slots, one and two slots per pingpong
+warpgroup), 64- and 256-row tiles, 16-column subtiles and stream-K's owner pieces; the shapes
+have tails in M, N and K, more tiles than SMs, and one K block (the epilogue alone).
 """
 
 import dataclasses
@@ -35,6 +37,7 @@ def _config(name):
         "coop128x128_pf3_c2": GemmConfig(128, 128, 2, 1, 16, dact_prefetch=3),
         "coop256x128_c1x2": GemmConfig(256, 128, 1, 2, 8),
         "coop128x256_e16": GemmConfig(128, 256, 1, 1, 8, epi_n=16),
+        "coop64x128": GemmConfig(64, 128, 1, 1, 8),
         "pp128x192_c2": pp(128, 192, 2),
         "pp128x192_pf2_e16_c2": pp(128, 192, 2, dact_prefetch=2, epi_n=16),
         "pp128x128": pp(128, 128),
@@ -43,41 +46,67 @@ def _config(name):
     }[name]
 
 
-def _twins(name):
+VARIANTS = {
+    "es3": dict(epi_stages=3),
+    "sw": dict(epi_store_warp=True),
+    "es3_sw": dict(epi_stages=3, epi_store_warp=True),
+}
+
+
+def _twins(case):
+    """'config/variant' -> (the config with the variant's options, the config itself)."""
+    name, variant = case.split("/")
     cfg = _config(name)
-    return dataclasses.replace(cfg, epi_stages=3), cfg
+    return dataclasses.replace(cfg, **VARIANTS[variant]), cfg
 
 
-PLAIN = ["coop128x256_c2", "coop128x128", "coop256x128_c1x2", "coop128x256_e16", "pp128x192_c2", "pp64x64", "sk128x256_sm6"]
-DACT = [
-    "coop128x256_c2", "coop128x128", "coop128x128_pf2", "coop128x128_pf3_c2", "coop128x256_e16",
-    "pp128x192_pf2_e16_c2", "pp128x128", "pp64x64",
-]
+COOP_PLAIN = ["coop128x256_c2", "coop128x128", "coop256x128_c1x2", "coop128x256_e16", "coop64x128"]
+COOP_DACT = ["coop128x256_c2", "coop128x128", "coop128x128_pf2", "coop128x128_pf3_c2", "coop128x256_e16", "coop64x128"]
+PLAIN = (
+    [f"{n}/es3" for n in COOP_PLAIN + ["pp128x192_c2", "pp64x64", "sk128x256_sm6"]]
+    + [f"{n}/es3_sw" for n in COOP_PLAIN] + ["coop128x256_c2/sw"]
+)
+DACT = (
+    [f"{n}/es3" for n in COOP_DACT + ["pp128x192_pf2_e16_c2", "pp128x128", "pp64x64"]]
+    + [f"{n}/es3_sw" for n in COOP_DACT] + ["coop128x128/sw", "coop128x128_pf3_c2/sw"]
+)
 
 
-@pytest.mark.parametrize("name", PLAIN)
+@pytest.mark.parametrize("case", PLAIN)
 @pytest.mark.parametrize("shape", [(1000, 4000, 1048), (2048, 512, 2304), (64, 128, 256)])
-def test_three_buffer_gemm_and_accumulate(shape, name):
-    cfg, twin = _twins(name)
-    gemm_twins(cfg, twin, shape, what=name)
-    accumulate_twins(cfg, twin, shape, times=2, what=name)
+def test_gemm_and_accumulate(shape, case):
+    cfg, twin = _twins(case)
+    gemm_twins(cfg, twin, shape, what=case)
+    accumulate_twins(cfg, twin, shape, times=2, what=case)
 
 
-@pytest.mark.parametrize("name", PLAIN)
+@pytest.mark.parametrize("case", PLAIN)
 @pytest.mark.parametrize("shape", [(1000, 4000, 1040), (2048, 512, 2304)])
 @pytest.mark.parametrize("act,bias", [("swiglu", True), ("gelu_tanh_approx", False)])
-def test_three_buffer_gemm_act(act, bias, shape, name):
-    act_twins(*_twins(name), shape, act, bias, name)
+def test_gemm_act(act, bias, shape, case):
+    act_twins(*_twins(case), shape, act, bias, case)
 
 
-@pytest.mark.parametrize("name", DACT)
+@pytest.mark.parametrize("case", DACT)
 @pytest.mark.parametrize("shape", [(1000, 4000, 1040), (2048, 512, 2304), (1000, 64, 4096)])
 @pytest.mark.parametrize("act", ["swiglu", "relu"])
-def test_three_buffer_dact(act, shape, name):
-    dact_twins(*_twins(name), shape, act, name)
+def test_dact(act, shape, case):
+    dact_twins(*_twins(case), shape, act, case)
 
 
-@pytest.mark.parametrize("name", ["coop128x128_pf3_c2", "pp128x192_pf2_e16_c2"])
+@pytest.mark.parametrize("case", ["coop128x128_pf3_c2/es3", "pp128x192_pf2_e16_c2/es3", "coop128x128_pf3_c2/es3_sw"])
 @pytest.mark.parametrize("act", ["geglu", "gelu_tanh_approx"])
-def test_three_buffer_dact_other_activations(act, name):
-    dact_twins(*_twins(name), (4096, 1024, 2816), act, name)
+def test_dact_other_activations(act, case):
+    dact_twins(*_twins(case), (4096, 1024, 2816), act, case)
+
+
+def test_store_warp_over_few_tiles():
+    """Fewer tiles than CTAs (some CTAs get none: their store warp's free buffers are all taken
+    at exit) and one subtile-sized tile column."""
+    from parallel_mlp.kernels.config import GemmConfig
+
+    for cfg in (GemmConfig(128, 128, 1, 1, 8, epi_stages=3, epi_store_warp=True),
+                GemmConfig(128, 128, 2, 1, 8, epi_store_warp=True)):
+        twin = dataclasses.replace(cfg, epi_stages=2, epi_store_warp=False)
+        gemm_twins(cfg, twin, (200, 256, 136), what=cfg.key)
+        dact_twins(cfg, twin, (130, 256, 96), "swiglu", cfg.key)
