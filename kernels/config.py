@@ -180,11 +180,12 @@ class GemmConfig:
     # (kernels/NOTES.md, "Open problems"): each barrier lines every consumer warp up behind the
     # slowest.
     epi_stages: int = 2
-    # Cooperative tiles: the epilogue's TMA stores (and the dact's preact loads) are issued by a
-    # warp of the producer warpgroup, idle otherwise, instead of the first consumer warp. The
-    # consumer warps then never wait for each other in an epilogue: each arrives at its
-    # subtile's buffer barrier and goes on, and waits only for the buffer it writes next, freed
-    # by the store warp epi_stages - 1 subtiles earlier. Static scheduler, whole tiles.
+    # The epilogue's TMA stores (and the dact's preact loads) are issued by a warp of the
+    # producer warpgroup, idle otherwise, instead of a consumer warp. The consumer warps then never
+    # wait for each other in an epilogue: each arrives at its subtile's buffer mbarrier and goes
+    # on, and waits only for the buffer it writes next, freed by the store warp epi_stages - 1
+    # subtiles earlier; a pingpong warpgroup no longer drains its stores before handing the
+    # buffers over. Static scheduler, whole tiles.
     epi_store_warp: bool = False
     # The L2 eviction policy of the TMA copies, by CACHE_HINTS: "normal" (EVICT_NORMAL on every
     # copy, as CUTLASS C++ passes by default), "none" (the DSL's undocumented operand of 0),
@@ -284,11 +285,10 @@ class GemmConfig:
             raise ValueError(f"epi_n={self.epi_n}: must be 16 or 32")
         if self.epi_stages not in (2, 3):
             raise ValueError(f"epi_stages={self.epi_stages}: must be 2 or 3")
-        if self.epi_store_warp and (self.consumers, self.scheduler, self.stream_k) != ("cooperative", "static", False):
+        if self.epi_store_warp and (self.scheduler, self.stream_k) != ("static", False):
             raise ValueError(
-                f"epi_store_warp=True with consumers={self.consumers!r}, scheduler={self.scheduler!r}, "
-                f"stream_k={self.stream_k}: the store warp walks the static tile sequence of cooperative "
-                "whole tiles (consumers='cooperative', scheduler='static', stream_k=False)"
+                f"epi_store_warp=True with scheduler={self.scheduler!r}, stream_k={self.stream_k}: the "
+                "store warp walks the static sequence of whole tiles (scheduler='static', stream_k=False)"
             )
         if not 2 <= self.max_stages <= 8:
             raise ValueError(f"max_stages={self.max_stages}: must be 2 to 8")

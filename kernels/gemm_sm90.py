@@ -73,11 +73,8 @@ STORE_WINDOW = 2
 PP_EPI_BARRIER = 1
 PP_MMA_ORDER = 3
 PP_EPI_ORDER = 5
-# config.epi_store_warp: warp 1 of the producer warpgroup issues the epilogue's TMA stores. Buffer
-# b's "full" barrier (the consumers arrive, the store warp waits) is EPI_FULL_BARRIER + b, its
-# "empty" one (the store warp arrives, the consumers wait) EPI_FULL_BARRIER + epi_stages + b.
+# config.epi_store_warp: warp 1 of the producer warpgroup issues the epilogue's TMA stores.
 EPI_STORE_WARP = 1
-EPI_FULL_BARRIER = 2
 
 
 class PersistentGemmSm90:
@@ -107,9 +104,10 @@ class PersistentGemmSm90:
         self.out_stages = config.epi_stages
         self.single_barrier = self.out_stages > 2
         self.store_warp_apart = config.epi_store_warp
-        self.full_barrier = EPI_FULL_BARRIER
-        self.empty_barrier = EPI_FULL_BARRIER + self.out_stages
-        self.buffer_sync_threads = self.num_mma_threads + 32  # the consumers and the store warp
+        # With the store warp apart, output buffer b has a "full" mbarrier (one arrival per
+        # consumer warp that writes it: a pingpong warpgroup's 4, or every cooperative consumer
+        # warp) and an "empty" one (the store warp's arrival once its stores have read it).
+        self.full_arrivals = 4 if self.pingpong else 4 * self.num_mma_wg
         self.stream_k = config.stream_k
         if self.stream_k and epilogue.kind == "dact":
             # Only the owner of a tile runs its epilogue; the dact's preact ring is loaded ahead
@@ -312,6 +310,8 @@ class PersistentGemmSm90:
         # The dynamic scheduler's ring of tile indices (a 1-slot placeholder for the static one);
         # it sits with the mbarriers, inside the 1 KB in front of the A/B ring.
         sched_slots = tile_scheduler.SCHED_STAGES if self.dynamic else 1
+        # The output buffers' full and empty mbarriers (config.epi_store_warp; else a placeholder).
+        epi_mbar_slots = 2 * self.out_stages if self.store_warp_apart else 1
 
         @cute.struct
         class SharedStorage:
@@ -319,6 +319,7 @@ class PersistentGemmSm90:
             l_mbar: cute.struct.MemRange[cutlass.Int64, self.l_stages]
             sched_mbar: cute.struct.MemRange[cutlass.Int64, 2 * sched_slots]
             sched_idx: cute.struct.MemRange[cutlass.Int32, sched_slots]
+            epi_mbar: cute.struct.MemRange[cutlass.Int64, epi_mbar_slots]
             sA: cute.struct.Align[cute.struct.MemRange[a_dtype, cute.cosize(self.sA_layout)], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[b_dtype, cute.cosize(self.sB_layout)], 1024]
             sD: cute.struct.Align[cute.struct.MemRange[d_dtype, cosize("D")], 1024]
@@ -415,6 +416,13 @@ class PersistentGemmSm90:
                 for i in cutlass.range_constexpr(self.l_stages):
                     cute.arch.mbarrier_init(l_mbar + i, 1)
             cute.arch.mbarrier_init_fence()
+        epi_mbar = storage.epi_mbar.data_ptr()
+        if cutlass.const_expr(self.store_warp_apart):
+            if tidx == 0:
+                for b in cutlass.range_constexpr(self.out_stages):
+                    cute.arch.mbarrier_init(epi_mbar + b, self.full_arrivals)
+                    cute.arch.mbarrier_init(epi_mbar + self.out_stages + b, 1)
+            cute.arch.mbarrier_init_fence()
         index_pipe = s_idx = None
         if cutlass.const_expr(self.dynamic):
             index_pipe = tile_scheduler.make_index_pipeline(storage.sched_mbar.data_ptr(), self.num_mma_threads)
@@ -482,7 +490,7 @@ class PersistentGemmSm90:
                         storage.sH.get_tensor(sH_layout.outer, swizzle=sH_layout.inner),
                         storage.sX.get_tensor(sX_layout.outer, swizzle=sX_layout.inner),
                         storage.sL.get_tensor(sL_layout.outer, swizzle=sL_layout.inner),
-                        tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, l_mbar,
+                        tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, l_mbar, epi_mbar,
                     )
                     self._store_warp(ep, sched_params)
         else:
@@ -490,7 +498,8 @@ class PersistentGemmSm90:
             cute.arch.setmaxregister_increase(CONSUMER_REGS)
             if cutlass.const_expr(self.pingpong):
                 self._consume_pingpong(
-                    tidx, warp_idx, tiled_mma, tiled_mma_first, sA, sB, ab_pipeline, k_tiles, sched_params, index_pipe, s_idx, l_mbar,
+                    tidx, warp_idx, tiled_mma, tiled_mma_first, sA, sB, ab_pipeline, k_tiles, sched_params, index_pipe, s_idx,
+                    l_mbar, epi_mbar,
                     storage.sD.get_tensor(sD_layout.outer, swizzle=sD_layout.inner),
                     storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner),
                     storage.sH.get_tensor(sH_layout.outer, swizzle=sH_layout.inner),
@@ -520,7 +529,7 @@ class PersistentGemmSm90:
                     storage.sH.get_tensor(sH_layout.outer, swizzle=sH_layout.inner),
                     storage.sX.get_tensor(sX_layout.outer, swizzle=sX_layout.inner),
                     storage.sL.get_tensor(sL_layout.outer, swizzle=sL_layout.inner),
-                    tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, l_mbar,
+                    tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, l_mbar, epi_mbar,
                     self._copy_order(tiled_mma, m_size, n_size) if two_atoms else None,
                 )
                 if cutlass.const_expr(two_atoms):
@@ -565,21 +574,12 @@ class PersistentGemmSm90:
                         epi_count = self._epilogue_tile(
                             ep, tc, acc_of, tCcT, tile_cG,
                             epi_count, 0, warp_idx == store_warp, epi_barrier, store_pipeline, mBias, n_size,
-                            S, True, False,
+                            S, True, False, epi_count,
                         )
 
                         sched.advance_to_next_work()
                         work = sched.get_current_work()
-                if cutlass.const_expr(self.store_warp_apart):
-                    # The store warp frees buffers epi_stages - 1 subtiles ahead of its last
-                    # one; take those frees, so that no barrier is left half arrived at exit.
-                    for j in cutlass.range_constexpr(self.out_stages - 1):
-                        cute.arch.barrier(
-                            barrier_id=self.empty_barrier + (epi_count + j) % self.out_stages,
-                            number_of_threads=self.buffer_sync_threads,
-                        )
-                else:
-                    store_pipeline.producer_tail()
+                store_pipeline.producer_tail()
 
 
     # ---- stream-K (config.stream_k; see tile_scheduler) --------------------------------------------
@@ -721,8 +721,8 @@ class PersistentGemmSm90:
 
     @cute.jit
     def _consume_pingpong(
-        self, tidx, warp_idx, tiled_mma, tiled_mma_first, sA, sB, ab_pipeline, k_tiles, sched_params, index_pipe, s_idx, l_mbar,
-        sD, sP, sH, sX, sL, tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, mBias, m_size, n_size,
+        self, tidx, warp_idx, tiled_mma, tiled_mma_first, sA, sB, ab_pipeline, k_tiles, sched_params, index_pipe, s_idx,
+        l_mbar, epi_mbar, sD, sP, sH, sX, sL, tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, mBias, m_size, n_size,
     ):
         """One consumer warpgroup of a pingpong pair: tiles wg, wg + 2, ... of the CTA's sequence.
 
@@ -742,7 +742,7 @@ class PersistentGemmSm90:
 
         ep = self._epilogue_setup(
             tiled_mma, wg_tidx, acc, sD, sP, sH, sX, sL,
-            tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, l_mbar,
+            tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, l_mbar, epi_mbar,
             self._copy_order(tiled_mma, m_size, n_size),
         )
         acc_of, tRS_cT, gcG = ep.acc_of, ep.cT, ep.gcG
@@ -769,11 +769,15 @@ class PersistentGemmSm90:
         release_state.advance(k_tiles * wg)
 
         l_count = cutlass.Int32(0)  # this warpgroup's preact subtiles so far (its own L ring)
+        # With the store warp apart, the output buffers go round in the CTA's subtile order: the
+        # tile's place in the CTA's sequence (wg, wg + 2, ...) picks them.
+        tile_ordinal = cutlass.Int32(0) + wg
+        num_sub = tn // self.epi_tile[1]
         tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
         tiled_mma_first.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
         while work.is_valid_tile:
             tc = work.tile_idx
-            if cutlass.const_expr(has["L"]):
+            if cutlass.const_expr(has["L"] and not self.store_warp_apart):
                 # The tile's first preact subtiles (one per slot) land during the mainloop (own
                 # ring: no turn; the last tile left every slot drained).
                 if is_store_warp:
@@ -784,12 +788,14 @@ class PersistentGemmSm90:
             )
             mainloop.order_wait(PP_EPI_ORDER, wg)
             # The output buffers start drained at every turn (buffer e % 2), and are handed over
-            # drained (the last subtile waits for all of this tile's stores to have read smem).
+            # drained (the last subtile waits for all of this tile's stores to have read smem);
+            # with the store warp apart, which sends every tile's subtiles in order, neither.
             l_count = self._epilogue_tile(
                 ep, tc, acc_of, tRS_cT, ep.thr_r2s_d.partition_S(gcG[(None, None, tc[0], tc[1])]),
                 l_count, wg, is_store_warp, epi_barrier, store_pipeline, mBias, n_size,
-                S, False, True,
+                S, False, not self.store_warp_apart, tile_ordinal * num_sub,
             )
+            tile_ordinal += 2
             mainloop.order_arrive(PP_EPI_ORDER, wg)
             # Next own tile: skip the other warpgroup's. The dynamic scheduler's ring ends with one
             # past-the-end index and nothing after it, so never read beyond an invalid one.
@@ -835,7 +841,7 @@ class PersistentGemmSm90:
 
     def _epilogue_setup(
         self, tiled_mma, thr_idx, acc, sD, sP, sH, sX, sL,
-        tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, l_mbar, copy_order=None,
+        tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, l_mbar, epi_mbar, copy_order=None,
     ):
         """Everything the epilogue needs that does not change from tile to tile, for the
         consumer thread `thr_idx` of the MMA (a namespace, built once before the tile loop):
@@ -845,7 +851,7 @@ class PersistentGemmSm90:
         walks the accumulators in the copy's order (pingpong, and the 256-row cooperative tile);
         it runs after the accumulators are retiled and before the smem partitions are made."""
         row = LayoutEnum.ROW_MAJOR
-        ep = self._tma_views(sD, sP, sH, sX, sL, tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, l_mbar)
+        ep = self._tma_views(sD, sP, sH, sX, sL, tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, l_mbar, epi_mbar)
         c_atom_d = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.d_dtype)
         ep.r2s_d = cute.make_tiled_copy_S(
             sm90_utils.get_smem_store_op(row, self.d_dtype, self.acc_dtype),
@@ -883,12 +889,14 @@ class PersistentGemmSm90:
             self.epilogue.pair_swap = self._pair_swap(tiled_mma, ep.r2s_d, copy_order is not None, ep.S)
         return ep
 
-    def _tma_views(self, sD, sP, sH, sX, sL, tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, l_mbar):
+    def _tma_views(self, sD, sP, sH, sX, sL, tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, l_mbar, epi_mbar):
         """What issuing the epilogue's TMA copies takes (a namespace): every channel's atom and
         its (TMA, subtiles_m, subtiles_n, 1) views of the global tensor and the smem buffers;
         subtile (i, j) of a channel covers the same accumulator columns for every channel width.
-        In place, dpreact (channel X if gated, else D) leaves from the preact ring."""
-        ep = SimpleNamespace(tma={"D": tma_d, "P": tma_p, "H": tma_h, "X": tma_x, "L": tma_l}, l_mbar=l_mbar)
+        In place, dpreact (channel X if gated, else D) leaves from the preact ring. With the
+        store warp apart, epi_mbar holds the output buffers' full and then empty mbarriers."""
+        ep = SimpleNamespace(tma={"D": tma_d, "P": tma_p, "H": tma_h, "X": tma_x, "L": tma_l}, l_mbar=l_mbar,
+                             epi_mbar=epi_mbar)
         ep.sH, ep.sX, ep.sL = sH, sX, sL
         ep.smem, ep.gmem = {}, {}
         for c, mT, sT in (("D", mD, sD), ("P", mP, sP), ("H", mH, sH), ("X", mX, sX), ("L", mL, sL)):
@@ -949,7 +957,7 @@ class PersistentGemmSm90:
     @cute.jit
     def _epilogue_tile(
         self, ep, tc, acc_of, cT, cG, count, wg, is_store_warp, epi_barrier, store_pipeline, mBias, n_size,
-        S: cutlass.Constexpr, buffer_by_count: cutlass.Constexpr, drain_last: cutlass.Constexpr,
+        S: cutlass.Constexpr, buffer_by_count: cutlass.Constexpr, drain_last: cutlass.Constexpr, out_base=None,
     ):
         """One tile's epilogue, epi_n accumulator columns (one subtile) at a time; returns the
         subtile count advanced by the tile's subtiles.
@@ -967,13 +975,21 @@ class PersistentGemmSm90:
         `count` numbers this thread group's subtiles: it picks the preact slot and its
         phase, and the output buffer when `buffer_by_count` (else buffer e % out_stages, for
         epilogues that start drained); `drain_last` waits for all stores at the last subtile
-        instead.
+        instead. With the store warp apart (config.epi_store_warp) the thread group issues no
+        store: `out_base`, the CTA's subtile count at this tile, picks each subtile's buffer and
+        its full and empty mbarriers' phases (_store_warp).
         """
         has = {c: self.ch_width[c] > 0 for c in self.ch_width}
         w = self.epi_tile[1]
         num_sub = self.tile_shape_mnk[1] // w
+        n_buf = self.out_stages
         for e in cutlass.range_constexpr(num_sub):
-            buf = count % self.out_stages if cutlass.const_expr(buffer_by_count) else e % self.out_stages
+            if cutlass.const_expr(self.store_warp_apart):
+                buf = (out_base + e) % n_buf
+            elif cutlass.const_expr(buffer_by_count):
+                buf = count % n_buf
+            else:
+                buf = e % n_buf
             lslot = wg * self.l_ring + count % self.l_ring
             if cutlass.const_expr(has["L"]):
                 if cutlass.const_expr(not self.dpre_in_place and e + 1 < num_sub and not self.store_warp_apart):
@@ -982,7 +998,7 @@ class PersistentGemmSm90:
                 cute.arch.mbarrier_wait(ep.l_mbar + lslot, (count // self.l_ring) % 2)
             if cutlass.const_expr(self.store_warp_apart):
                 # Buffer `buf` is free once the store warp has seen its last stores read it.
-                cute.arch.barrier(barrier_id=self.empty_barrier + buf, number_of_threads=self.buffer_sync_threads)
+                cute.arch.mbarrier_wait(ep.epi_mbar + n_buf + buf, ((out_base + e) // n_buf) % 2)
             for v in cutlass.range_constexpr(S):
                 ep.rAcc[v] = ep.tRS_acc[acc_of[e * S + v]]
             self.epilogue.visit(
@@ -1004,8 +1020,11 @@ class PersistentGemmSm90:
             # smem written by the generic proxy, read next by the TMA (async proxy).
             cute.arch.fence_proxy("async.shared", space="cta")
             if cutlass.const_expr(self.store_warp_apart):
-                # Hand the subtile to the store warp and go on.
-                cute.arch.barrier_arrive(barrier_id=self.full_barrier + buf, number_of_threads=self.buffer_sync_threads)
+                # Hand the subtile to the store warp and go on: one arrival per warp, once all
+                # its lanes have written and fenced.
+                cute.arch.sync_warp()
+                if cute.arch.lane_idx() == 0:
+                    cute.arch.mbarrier_arrive(ep.epi_mbar + buf)
             else:
                 epi_barrier.arrive_and_wait()
             if cutlass.const_expr(not self.store_warp_apart):
@@ -1056,54 +1075,83 @@ class PersistentGemmSm90:
     @cute.jit
     def _store_warp(self, ep, sched_params):
         """config.epi_store_warp: the producer warpgroup's warp EPI_STORE_WARP walks the CTA's
-        tiles as the cooperative consumers do and issues every subtile's TMA stores (and the
-        dact's preact loads) in their place.
+        tiles in order (pingpong: tile j is warpgroup j % 2's) and issues every subtile's TMA
+        stores and the dact's preact loads in the consumers' place.
 
-        Per subtile (count c, buffer c % N with N = epi_stages): wait at the buffer's full
-        barrier for every consumer thread, issue the stores, wait until the previous subtile's
-        stores have read shared memory and arrive at that buffer's empty barrier, which the
-        consumers wait at before writing it again, at count c + N - 1. The first N - 1 buffers
-        start free. The preact ring is refilled as the consumers' store warp would refill it."""
+        Per subtile (c-th of the CTA, buffer c % N with N = epi_stages): wait at the buffer's
+        full mbarrier for the consumer warps that wrote it, issue its stores, wait until the
+        previous subtile's stores have read shared memory and arrive at the empty mbarrier of
+        that buffer, which its writers wait at before writing it again, at subtile c + N - 1. The
+        first N - 1 buffers start empty. Preact: a cooperative tile's first subtiles load as its
+        epilogue starts (their slots' stores read by then), and the ring refills as the
+        consumers' store warp would refill it; a pingpong warpgroup's next tile loads its ring
+        as the store warp takes the other warpgroup's tile, once this tile's stores have read
+        it, which is when that warpgroup's mainloop starts."""
         tn = self.tile_shape_mnk[1]
         num_sub = tn // self.epi_tile[1]
         n_buf = self.out_stages
-        threads = self.buffer_sync_threads
         has_l = self.ch_width["L"] > 0
+        first_loads = min(self.l_ring if self.pingpong else self.l_ahead, num_sub)
         store_pipeline = pipeline.PipelineTmaStore.create(
             num_stages=STORE_WINDOW, producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32),
         )
         for b in cutlass.range_constexpr(n_buf - 1):
-            cute.arch.barrier_arrive(barrier_id=self.empty_barrier + b, number_of_threads=threads)
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive(ep.epi_mbar + n_buf + b)
         sched = tile_scheduler.create(sched_params)
         work = sched.initial_work_tile_info()
-        count = cutlass.Int32(0)
+        if cutlass.const_expr(has_l and self.pingpong):
+            if work.is_valid_tile:
+                for i in cutlass.range_constexpr(first_loads):
+                    self._load_preact(ep, work.tile_idx, i, i, 0)
+        count = cutlass.Int32(0)  # the CTA's subtiles so far
+        tile_ordinal = cutlass.Int32(0)
         while work.is_valid_tile:
             tc = work.tile_idx
-            if cutlass.const_expr(has_l):
-                # The tile's first preact subtiles land during its mainloop; their slots' stores
-                # read them by the last tile's last wait.
-                for e in cutlass.range_constexpr(min(self.l_ahead, num_sub)):
-                    self._load_preact(ep, tc, e, count + e, 0)
+            sched.advance_to_next_work()
+            next_work = sched.get_current_work()
+            wg = tile_ordinal % 2 if cutlass.const_expr(self.pingpong) else 0
+            # the tile's warpgroup's preact subtiles before this tile
+            l_base = (tile_ordinal // 2) * num_sub if cutlass.const_expr(self.pingpong) else count
+            if cutlass.const_expr(has_l and not self.pingpong):
+                for i in cutlass.range_constexpr(first_loads):
+                    self._load_preact(ep, tc, i, l_base + i, 0)
             for e in cutlass.range_constexpr(num_sub):
                 buf = count % n_buf
-                lslot = count % self.l_ring
+                lslot = wg * self.l_ring + (l_base + e) % self.l_ring
                 if cutlass.const_expr(has_l and not self.dpre_in_place and e + 1 < num_sub):
                     # Two slots: the next subtile's goes where the consumers finished reading
-                    # (their arrival at the last subtile's full barrier).
-                    self._load_preact(ep, tc, e + 1, count + 1, 0)
-                cute.arch.barrier(barrier_id=self.full_barrier + buf, number_of_threads=threads)
+                    # (their arrival at the last subtile's full mbarrier).
+                    self._load_preact(ep, tc, e + 1, l_base + e + 1, wg)
+                cute.arch.mbarrier_wait(ep.epi_mbar + buf, (count // n_buf) % 2)
                 self._store_subtile(ep, tc, e, buf, lslot)
                 store_pipeline.producer_commit()
-                store_pipeline.producer_acquire()  # the previous subtile's stores have read smem
-                cute.arch.barrier_arrive(
-                    barrier_id=self.empty_barrier + (count + n_buf - 1) % n_buf, number_of_threads=threads,
-                )
-                if cutlass.const_expr(self.dpre_in_place and e + self.l_ahead < num_sub):
+                if cutlass.const_expr(self.dpre_in_place and self.l_ring == 1 and e + 1 < num_sub):
+                    # One preact slot: it takes the next subtile's preact once this subtile's
+                    # stores (dpreact among them) have read it.
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+                    self._load_preact(ep, tc, e + 1, l_base + e + 1, wg)
+                else:
+                    store_pipeline.producer_acquire()  # the previous subtile's stores have read smem
+                with cute.arch.elect_one():
+                    cute.arch.mbarrier_arrive(ep.epi_mbar + n_buf + (count + n_buf - 1) % n_buf)
+                if cutlass.const_expr(self.dpre_in_place and not self.pingpong and e + self.l_ahead < num_sub):
                     # The previous subtile's slot is the slot of subtile e + l_ahead.
-                    self._load_preact(ep, tc, e + self.l_ahead, count + self.l_ahead, 0)
+                    self._load_preact(ep, tc, e + self.l_ahead, l_base + e + self.l_ahead, 0)
+                if cutlass.const_expr(self.dpre_in_place and self.pingpong and self.l_ring > 1 and e >= 1
+                                      and e - 1 + self.l_ring < num_sub):
+                    # Every slot was filled before the tile: the one subtile e - 1 has released
+                    # takes subtile e - 1 + l_ring.
+                    self._load_preact(ep, tc, e - 1 + self.l_ring, l_base + e - 1 + self.l_ring, wg)
+                if cutlass.const_expr(has_l and self.pingpong and e == 0):
+                    # The other warpgroup's next tile: its ring's last stores (its last tile's)
+                    # have read it by the wait above.
+                    if next_work.is_valid_tile:
+                        for i in cutlass.range_constexpr(first_loads):
+                            self._load_preact(ep, next_work.tile_idx, i, ((tile_ordinal + 1) // 2) * num_sub + i, 1 - wg)
                 count += 1
-            sched.advance_to_next_work()
-            work = sched.get_current_work()
+            work = next_work
+            tile_ordinal += 1
         store_pipeline.producer_tail()
 
 

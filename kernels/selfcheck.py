@@ -80,8 +80,8 @@ def epi_stages_variants(quick: bool = False):
     """Three output buffers and one barrier per epilogue subtile (config.epi_stages=3) on the
     configs the MLP's defaults run: the short-K cooperative 128x128 dact (four-slot ring), the big
     pingpong 128x192 dact (16-column subtiles, two slots per warpgroup) and act, and the 2x1
-    cooperative 128x256 store, accumulate and stream-K; and the cooperative ones with the
-    producer warpgroup's store warp (config.epi_store_warp)."""
+    cooperative 128x256 store, accumulate and stream-K; and with the producer warpgroup's store
+    warp (config.epi_store_warp), cooperative and pingpong."""
     coop = GemmConfig(128, 128, 2, 1, 16, dact_prefetch=3, epi_stages=3)
     pp = GemmConfig(128, 192, 2, 1, 8, consumers="pingpong", epi_stages=3)
     big = GemmConfig(128, 256, 2, 1, 8, epi_stages=3)
@@ -91,6 +91,8 @@ def epi_stages_variants(quick: bool = False):
                   "bfloat16", "row", "col", "bfloat16"),
         KernelKey(EpilogueSpec("act", "swiglu"), pp, "bfloat16", "row", "row", "bfloat16"),
         KernelKey(EpilogueSpec("dact", "swiglu"), dataclasses.replace(coop, epi_store_warp=True),
+                  "bfloat16", "row", "col", "bfloat16"),
+        KernelKey(EpilogueSpec("dact", "swiglu"), dataclasses.replace(pp, dact_prefetch=2, epi_n=16, epi_store_warp=True),
                   "bfloat16", "row", "col", "bfloat16"),
     ]
     if not quick:
@@ -108,6 +110,10 @@ def epi_stages_variants(quick: bool = False):
                       "bfloat16", "col", "col", "float32"),
             KernelKey(EpilogueSpec("act", "gelu_tanh_approx", True), dataclasses.replace(big, epi_store_warp=True),
                       "bfloat16", "row", "row", "bfloat16", "bfloat16"),
+            KernelKey(EpilogueSpec("act", "swiglu"), dataclasses.replace(pp, epi_store_warp=True),
+                      "bfloat16", "row", "row", "bfloat16"),
+            KernelKey(EpilogueSpec("dact", "relu"), GemmConfig(128, 128, consumers="pingpong", epi_store_warp=True),
+                      "bfloat16", "row", "col", "bfloat16"),
         ]
     return keys
 

@@ -56,11 +56,12 @@
 #                    config.with_raster, and where rows might also win), held 0.5 s x 4 (~6 min)
 #     tests_epi      the GPU tests of three output buffers per epilogue channel (one barrier per
 #                    subtile, GemmConfig.epi_stages=3) and of the producer warpgroup's store warp
-#                    (epi_store_warp=True): bitwise equal to the default kernels (~4 min)
-#     configs_epi    both held 0.4 s x 4 beside the default: the short-K dacts (T=65536 and 8192
-#                    d=1024 swiglu, gelu h=1024; cooperative, so with the store warp too), every
-#                    GEMM of the headline, and fc1 + act and the dact at T=8192 d=4096 swiglu
-#                    h=1376 and d=2048 gelu h=4096 (~4 min)
+#                    (epi_store_warp=True), cooperative and pingpong: bitwise equal to the
+#                    default kernels (~4 min)
+#     configs_epi    both held 0.4 s x 4 beside the default (three buffers, the store warp, both):
+#                    the short-K dacts (T=65536 and 8192 d=1024 swiglu, gelu h=1024), every GEMM of
+#                    the headline, and fc1 + act and the dact at T=8192 d=4096 swiglu h=1376 and
+#                    d=2048 gelu h=4096 (~5 min)
 #     short_k_probe  where the dact at K = 1024 (the short-K rule's cooperative 128x128) loses
 #                    its time: on 66 and 100 SMs instead of 132 (a dact that gains on its plain
 #                    GEMM with fewer SMs points at contention for HBM or L2 between SMs whose

@@ -96,23 +96,36 @@ def test_store_warp_rule_and_name():
     assert GemmConfig().epi_store_warp is False
     assert GemmConfig(128, 128, epi_store_warp=True).key == "t128x128_c1x1_g8_sm132_sw"
     assert GemmConfig(128, 128, epi_stages=3, epi_store_warp=True).key.endswith("_es3_sw")
-    for bad in (dict(consumers="pingpong"), dict(scheduler="dynamic"), dict(stream_k=True)):
-        with pytest.raises(ValueError, match="epi_store_warp=True .* cooperative whole tiles"):
+    assert GemmConfig(128, 192, consumers="pingpong", epi_store_warp=True).key.endswith("_pingpong_sw")
+    for bad in (dict(scheduler="dynamic"), dict(stream_k=True)):
+        with pytest.raises(ValueError, match="epi_store_warp=True .* static sequence of whole tiles"):
             GemmConfig(128, 128, epi_store_warp=True, **bad)
     with pytest.raises(ValueError, match="epi_store_warp='yes': must be True or False"):
         GemmConfig(epi_store_warp="yes")
 
 
-@pytest.mark.parametrize("tile_m,stages", [(128, 2), (128, 3), (64, 3)])
-def test_with_the_store_warp_apart_consumers_never_wait_for_each_other(tile_m, stages):
+NAMED_BARRIER = re.compile(r"\bbar\.(?:sync|arrive)\s+\S+,\s*(\d+);")
+
+
+@pytest.mark.parametrize("kind,act,cfg,b_major", [
+    ("dact", "swiglu", GemmConfig(128, 128, 2, 1, 16, dact_prefetch=3, epi_stages=3, epi_store_warp=True), "col"),
+    ("dact", "swiglu", GemmConfig(128, 128, 1, 1, 8, epi_store_warp=True), "col"),
+    ("dact", "relu", GemmConfig(64, 128, 1, 1, 8, epi_stages=3, epi_store_warp=True), "col"),
+    ("act", "gelu_tanh_approx", GemmConfig(128, 256, 2, 1, 8, epi_store_warp=True), "row"),
+    ("dact", "swiglu", GemmConfig(128, 192, 2, 1, 8, consumers="pingpong", dact_prefetch=2, epi_n=16, epi_stages=3,
+                                  epi_store_warp=True), "col"),
+    ("act", "swiglu", GemmConfig(128, 192, 2, 1, 8, consumers="pingpong", epi_store_warp=True), "row"),
+], ids=["coop-pf3-es3", "coop-2slot", "coop64-es3", "coop-act", "pingpong-dact-es3", "pingpong-act"])
+def test_with_the_store_warp_apart_no_consumer_waits_for_another_in_an_epilogue(kind, act, cfg, b_major):
+    """The epilogue's hand-offs are mbarriers between each consumer warp and the store warp: the
+    only named barriers left are the pingpong warpgroups' turns (256 threads), none of the
+    consumers' own epilogue barriers (all of a cooperative tile's consumers, or a warpgroup)."""
     pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
 
-    cfg = GemmConfig(tile_m, 128, 1, 1, 8, dact_prefetch=1 if tile_m == 64 else 3, epi_stages=stages,
-                     epi_store_warp=True)
-    ptx = _ptx("dact", "swiglu", cfg, "col")
-    consumers = 128 * (tile_m // 64)
-    waits = re.findall(r"\bbar\.sync\s+(\S+),\s*(\d+);", ptx)
-    arrives = re.findall(r"\bbar\.arrive\s+(\S+),\s*(\d+);", ptx)
-    # every wait is at a buffer barrier, shared with the store warp; none among the consumers
-    assert waits and all(int(n) == consumers + 32 for _, n in waits), waits
-    assert {int(n) for _, n in arrives} == {consumers + 32}, arrives
+    ptx = _ptx(kind, act, cfg, b_major)
+    counts = [int(n) for n in NAMED_BARRIER.findall(ptx)]
+    if cfg.consumers == "pingpong":
+        assert counts and set(counts) == {256}, counts
+    else:
+        assert counts == [], counts
+    assert "mbarrier.arrive" in ptx

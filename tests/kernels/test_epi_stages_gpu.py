@@ -1,5 +1,6 @@
 """Three output buffers per epilogue channel (GemmConfig(epi_stages=3)) and the producer
-warpgroup's store warp (GemmConfig(epi_store_warp=True)) on an sm_90 GPU.
+warpgroup's store warp (GemmConfig(epi_store_warp=True), cooperative and pingpong) on an sm_90
+GPU.
 
 The third buffer lets a subtile end without its second barrier: warps may run a subtile ahead of
 the store warp, and the buffer a subtile writes was freed two subtiles before. The store warp
@@ -62,13 +63,16 @@ def _twins(case):
 
 COOP_PLAIN = ["coop128x256_c2", "coop128x128", "coop256x128_c1x2", "coop128x256_e16", "coop64x128"]
 COOP_DACT = ["coop128x256_c2", "coop128x128", "coop128x128_pf2", "coop128x128_pf3_c2", "coop128x256_e16", "coop64x128"]
+PP_PLAIN = ["pp128x192_c2", "pp64x64"]
+PP_DACT = ["pp128x192_pf2_e16_c2", "pp128x128", "pp64x64"]
 PLAIN = (
-    [f"{n}/es3" for n in COOP_PLAIN + ["pp128x192_c2", "pp64x64", "sk128x256_sm6"]]
-    + [f"{n}/es3_sw" for n in COOP_PLAIN] + ["coop128x256_c2/sw"]
+    [f"{n}/es3" for n in COOP_PLAIN + PP_PLAIN + ["sk128x256_sm6"]]
+    + [f"{n}/es3_sw" for n in COOP_PLAIN + PP_PLAIN] + ["coop128x256_c2/sw", "pp128x192_c2/sw"]
 )
 DACT = (
-    [f"{n}/es3" for n in COOP_DACT + ["pp128x192_pf2_e16_c2", "pp128x128", "pp64x64"]]
-    + [f"{n}/es3_sw" for n in COOP_DACT] + ["coop128x128/sw", "coop128x128_pf3_c2/sw"]
+    [f"{n}/es3" for n in COOP_DACT + PP_DACT]
+    + [f"{n}/es3_sw" for n in COOP_DACT + PP_DACT]
+    + ["coop128x128/sw", "coop128x128_pf3_c2/sw", "pp128x192_pf2_e16_c2/sw", "pp128x128/sw"]
 )
 
 
@@ -94,19 +98,21 @@ def test_dact(act, shape, case):
     dact_twins(*_twins(case), shape, act, case)
 
 
-@pytest.mark.parametrize("case", ["coop128x128_pf3_c2/es3", "pp128x192_pf2_e16_c2/es3", "coop128x128_pf3_c2/es3_sw"])
+@pytest.mark.parametrize("case", ["coop128x128_pf3_c2/es3", "pp128x192_pf2_e16_c2/es3", "coop128x128_pf3_c2/es3_sw",
+                                  "pp128x192_pf2_e16_c2/es3_sw"])
 @pytest.mark.parametrize("act", ["geglu", "gelu_tanh_approx"])
 def test_dact_other_activations(act, case):
     dact_twins(*_twins(case), (4096, 1024, 2816), act, case)
 
 
 def test_store_warp_over_few_tiles():
-    """Fewer tiles than CTAs (some CTAs get none: their store warp's free buffers are all taken
-    at exit) and one subtile-sized tile column."""
+    """Fewer tiles than CTAs (some CTAs get none, some one: a pingpong CTA's second warpgroup
+    then has no tile) and one tile column narrower than a subtile pair."""
     from parallel_mlp.kernels.config import GemmConfig
 
     for cfg in (GemmConfig(128, 128, 1, 1, 8, epi_stages=3, epi_store_warp=True),
-                GemmConfig(128, 128, 2, 1, 8, epi_store_warp=True)):
+                GemmConfig(128, 128, 2, 1, 8, epi_store_warp=True),
+                GemmConfig(128, 128, 2, 1, 8, consumers="pingpong", dact_prefetch=2, epi_stages=3, epi_store_warp=True)):
         twin = dataclasses.replace(cfg, epi_stages=2, epi_store_warp=False)
         gemm_twins(cfg, twin, (200, 256, 136), what=cfg.key)
         dact_twins(cfg, twin, (130, 256, 96), "swiglu", cfg.key)
