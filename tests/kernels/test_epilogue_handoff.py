@@ -5,7 +5,7 @@ Three output buffers per epilogue channel let each subtile run one barrier inste
 sm_90a PTX of a tile's epilogue must hold exactly one named-barrier wait fewer per subtile, and
 the buffer it adds must not cost the default dacts an A/B stage. With the store warp apart, no
 consumer thread waits at a barrier of the consumers alone. Their GPU tests, bitwise against the
-default kernels, are in test_epi_stages_gpu.py."""
+default kernels, are in test_epilogue_handoff_gpu.py."""
 
 import re
 
