@@ -1,0 +1,378 @@
+"""The epilogue's way out of the SM, shared by every consumer schedule of gemm_sm90.
+
+A tile's accumulators leave subtile by subtile (epi_n accumulator columns each): the variant's
+`visit` (epilogue.py) fills register fragments and writes the odd-width channels into shared
+memory, stmatrix writes the accumulator-shaped ones, and TMA stores send every channel's
+subtile to global memory; the dact's preact arrives by TMA load into a ring of subtile slots.
+This module is that choreography: the per-thread copies and TMA views (`_epilogue_setup`,
+`_tma_views`), the gated dact's shared-memory pair swap (`_pair_swap`), the preact loads
+(`_load_preact`), one tile's subtiles with their buffers, barriers and waits
+(`_epilogue_tile`), and, with config.epi_store_warp, the producer warpgroup's store warp that
+issues the stores and loads in the consumers' place (`_store_warp`).
+
+`EpiloguePipelineSm90` holds no state of its own: PersistentGemmSm90 inherits it and sets what
+its methods read (the config, tile shape, channel widths and layouts, the preact ring's shape,
+out_stages and the store-warp switch) in its constructor and while tracing.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+
+from . import tile_scheduler
+from .config import CACHE_HINTS
+
+try:  # moved in 4.8; the old spelling still works with a deprecation warning
+    from cutlass.tensor_utils import LayoutEnum
+except ImportError:  # pragma: no cover
+    LayoutEnum = utils.LayoutEnum
+
+# The TMA store pipeline's stages: its acquire waits until one store group (this subtile's) is in
+# flight, i.e. the previous subtile's stores have read shared memory, whatever the buffer count.
+STORE_WINDOW = 2
+# config.epi_store_warp: warp 1 of the producer warpgroup issues the epilogue's TMA stores.
+EPI_STORE_WARP = 1
+
+
+class EpiloguePipelineSm90:
+    """The epilogue's methods of PersistentGemmSm90 (see the module's docstring)."""
+
+    def _epilogue_setup(
+        self, tiled_mma, thr_idx, acc, sD, sP, sH, sX, sL,
+        tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, l_mbar, epi_mbar, copy_order=None,
+    ):
+        """Everything the epilogue needs that does not change from tile to tile, for the
+        consumer thread `thr_idx` of the MMA (a namespace, built once before the tile loop):
+        the registers -> smem copies of the acc-shaped channels (stmatrix for 16-bit outputs),
+        their smem partitions, the subtile fragments, and the TMA views of every channel.
+        `copy_order(ep)`, if given, adds the visit order and coordinates of an epilogue that
+        walks the accumulators in the copy's order (pingpong, and the 256-row cooperative tile);
+        it runs after the accumulators are retiled and before the smem partitions are made."""
+        row = LayoutEnum.ROW_MAJOR
+        ep = self._tma_views(sD, sP, sH, sX, sL, tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, l_mbar, epi_mbar)
+        c_atom_d = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.d_dtype)
+        ep.r2s_d = cute.make_tiled_copy_S(
+            sm90_utils.get_smem_store_op(row, self.d_dtype, self.acc_dtype),
+            cute.make_tiled_copy_C_atom(c_atom_d, tiled_mma),
+        )
+        c_atom_p = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.post_dtype)
+        ep.r2s_p = cute.make_tiled_copy_S(
+            sm90_utils.get_smem_store_op(row, self.post_dtype, self.acc_dtype),
+            cute.make_tiled_copy_C_atom(c_atom_p, tiled_mma),
+        )
+        ep.thr_r2s_d = ep.r2s_d.get_slice(thr_idx)
+        thr_r2s_p = ep.r2s_p.get_slice(thr_idx)
+        if cutlass.const_expr(copy_order is None):
+            ep.tRS_sD = ep.thr_r2s_d.partition_D(sD)
+            ep.tRS_sP = thr_r2s_p.partition_D(sP)
+            ep.tRS_acc = ep.r2s_d.retile(acc)
+        else:
+            ep.tRS_acc = ep.r2s_d.retile(acc)
+            copy_order(ep)
+            ep.tRS_sD = ep.thr_r2s_d.partition_D(sD)
+            ep.tRS_sP = thr_r2s_p.partition_D(sP)
+        sub_shape = ep.thr_r2s_d.partition_S(sD).shape[:3]
+        ep.S = cute.size(sub_shape)
+        ep.rAcc = cute.make_rmem_tensor(sub_shape, self.acc_dtype)
+        ep.rD = cute.make_rmem_tensor(sub_shape, self.acc_dtype)
+        ep.rP = cute.make_rmem_tensor(sub_shape, self.acc_dtype)
+        ep.rD_out = cute.make_rmem_tensor(sub_shape, self.d_dtype)
+        ep.rP_out = cute.make_rmem_tensor(sub_shape, self.post_dtype)
+        # In place: the non-gated dpreact is written into the preact ring by stmatrix, like
+        # channel D.
+        if cutlass.const_expr(self.dpre_in_place):
+            ep.tRS_sL = ep.thr_r2s_d.partition_D(sL)
+        self.epilogue.pair_swap = None
+        if cutlass.const_expr(self.epi.kind == "dact" and self.epi.gated and self.dact_pair_swap):
+            self.epilogue.pair_swap = self._pair_swap(tiled_mma, ep.r2s_d, copy_order is not None, ep.S)
+        return ep
+
+    def _tma_views(self, sD, sP, sH, sX, sL, tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, l_mbar, epi_mbar):
+        """What issuing the epilogue's TMA copies takes (a namespace): every channel's atom and
+        its (TMA, subtiles_m, subtiles_n, 1) views of the global tensor and the smem buffers;
+        subtile (i, j) of a channel covers the same accumulator columns for every channel width.
+        In place, dpreact (channel X if gated, else D) leaves from the preact ring. With the
+        store warp apart, epi_mbar holds the output buffers' full and then empty mbarriers."""
+        ep = SimpleNamespace(tma={"D": tma_d, "P": tma_p, "H": tma_h, "X": tma_x, "L": tma_l}, l_mbar=l_mbar,
+                             epi_mbar=epi_mbar)
+        ep.sH, ep.sX, ep.sL = sH, sX, sL
+        ep.smem, ep.gmem = {}, {}
+        for c, mT, sT in (("D", mD, sD), ("P", mP, sP), ("H", mH, sH), ("X", mX, sX), ("L", mL, sL)):
+            ep.smem[c], ep.gmem[c] = self._tma_view(ep.tma[c], mT, sT, c)
+        if cutlass.const_expr(self.dpre_in_place):
+            mT = mX if self.epi.gated else mD
+            ep.smem[self.dpre], ep.gmem[self.dpre] = self._tma_view(ep.tma[self.dpre], mT, sL, "L")
+        return ep
+
+    def _pair_swap(self, tiled_mma, r2s, copy_ordered: bool, S: int):
+        """The gated dact's shared-memory access permutation: (partner, row_bit, vector_xor).
+
+        A thread reads 8 bytes of preact (and writes 8 of dpreact) per accumulator pair; four
+        threads per row, eight rows per warp, 32 bytes of a row each. The smem rows are 128 bytes
+        (32-column subtiles, 128B swizzle: chunk ^= row % 8) or 64 (16 columns, 64B swizzle:
+        chunk ^= (row / 2) % 4), and 8-byte accesses are served a half-warp (four rows) at a
+        time: rows r and r ^ 1 (128B), or r and r ^ 2 (64B), land on the same chunks, 4
+        wavefronts where 2 do (kernels/NOTES.md, "dact"). So threads whose row has bit `row_bit`
+        set take, at slot j, pair partner[j]: same row, accumulator columns XOR 16 (128B) or 8
+        (64B), i.e. the 4-element preact vector index XOR vector_xor. Static: thread 0's
+        coordinates, the same pattern for every thread and subtile."""
+        tm, tn, _ = self.tile_shape_mnk
+        w = self.epi_tile[1]
+        col_xor, row_bit = (16, 0) if w == 32 else (8, 1)
+        ident = cute.make_identity_tensor((tm, tn))
+        c0 = r2s.get_slice(0).partition_S(ident) if copy_ordered else tiled_mma.get_slice(0).partition_C(ident)
+        swap = None
+        for e in range(tn // w):
+            coords = [tuple(c0[e * S + v]) for v in range(S)]
+            pos = {coords[2 * j]: j for j in range(S // 2)}
+            this = [pos[(r, c ^ col_xor)] for (r, c) in coords[0::2]]
+            if swap is not None and this != swap:
+                raise ValueError(f"dact pair swap differs between subtiles: {swap} vs {this}")
+            swap = this
+        return swap, row_bit, col_xor // 2
+
+    @cute.jit
+    def _load_preact(self, ep, tc, e: cutlass.Constexpr, count, wg):
+        """Issue preact subtile e of tile tc into slot count % l_ring of warpgroup wg's preact
+        ring (cooperative: wg = 0). Called by a whole warp: the TMA copy elects its own thread;
+        one thread arms the slot's barrier with the bytes to expect."""
+        num_sub = self.tile_shape_mnk[1] // self.epi_tile[1]
+        slot = wg * self.l_ring + count % self.l_ring
+        l_bytes = self.tile_shape_mnk[0] * self.ch_width["L"] * self.d_dtype.width // 8
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_arrive_and_expect_tx(ep.l_mbar + slot, l_bytes)
+        cute.copy(
+            ep.tma["L"], ep.gmem["L"][(None, tc[0], tc[1] * num_sub + e, 0)], ep.smem["L"][(None, slot)],
+            tma_bar_ptr=ep.l_mbar + slot, cache_policy=self._policy(1),
+        )
+
+    def _policy(self, which: int):
+        """The L2 policy operand of config.cache_hints for A/B loads (0), epilogue loads (1) or
+        epilogue stores (2): a constant Int64, or None for the DSL's default."""
+        value = CACHE_HINTS[self.cfg.cache_hints][which]
+        return None if value is None else cutlass.Int64(value)
+
+    @cute.jit
+    def _epilogue_tile(
+        self, ep, tc, acc_of, cT, cG, count, wg, is_store_warp, epi_barrier, store_pipeline, mBias, n_size,
+        S: cutlass.Constexpr, buffer_by_count: cutlass.Constexpr, drain_last: cutlass.Constexpr, out_base=None,
+    ):
+        """One tile's epilogue, epi_n accumulator columns (one subtile) at a time; returns the
+        subtile count advanced by the tile's subtiles.
+
+        Per subtile: wait for its preact (dact; the next one's load is issued first, or, with
+        dpreact in place, the one l_ahead subtiles ahead once the previous subtile's stores have
+        read its slot), gather its
+        accumulators (value v of subtile e is register acc_of[e * S + v], at tile coordinates
+        cT and problem coordinates cG), run the variant's `visit`, write the acc-shaped outputs
+        by stmatrix, then the store warp sends every channel's smem subtile out by TMA and waits
+        until the store issued one subtile earlier has read its buffer. With two buffers that is
+        the buffer written next, and a second barrier passes the news on; with three it is the
+        buffer written two subtiles on, and the next subtile's barrier passes it on.
+        S is the number of accumulator values per subtile (a compile-time constant).
+        `count` numbers this thread group's subtiles: it picks the preact slot and its
+        phase, and the output buffer when `buffer_by_count` (else buffer e % out_stages, for
+        epilogues that start drained); `drain_last` waits for all stores at the last subtile
+        instead. With the store warp apart (config.epi_store_warp) the thread group issues no
+        store: `out_base`, the CTA's subtile count at this tile, picks each subtile's buffer and
+        its full and empty mbarriers' phases (_store_warp).
+        """
+        has = {c: self.ch_width[c] > 0 for c in self.ch_width}
+        w = self.epi_tile[1]
+        num_sub = self.tile_shape_mnk[1] // w
+        n_buf = self.out_stages
+        for e in cutlass.range_constexpr(num_sub):
+            if cutlass.const_expr(self.store_warp_apart):
+                buf = (out_base + e) % n_buf
+            elif cutlass.const_expr(buffer_by_count):
+                buf = count % n_buf
+            else:
+                buf = e % n_buf
+            lslot = wg * self.l_ring + count % self.l_ring
+            if cutlass.const_expr(has["L"]):
+                if cutlass.const_expr(not self.dpre_in_place and e + 1 < num_sub and not self.store_warp_apart):
+                    if is_store_warp:
+                        self._load_preact(ep, tc, e + 1, count + 1, wg)
+                cute.arch.mbarrier_wait(ep.l_mbar + lslot, (count // self.l_ring) % 2)
+            if cutlass.const_expr(self.store_warp_apart):
+                # Buffer `buf` is free once the store warp has seen its last stores read it.
+                cute.arch.mbarrier_wait(ep.epi_mbar + n_buf + buf, ((out_base + e) // n_buf) % 2)
+            for v in cutlass.range_constexpr(S):
+                ep.rAcc[v] = ep.tRS_acc[acc_of[e * S + v]]
+            self.epilogue.visit(
+                ep.rAcc, ep.rD, ep.rP, cT, cG, e * S, e * w, n_size, mBias,
+                ep.sL[(None, None, lslot)] if cutlass.const_expr(has["L"]) else None,
+                ep.sH[(None, None, buf)] if cutlass.const_expr(has["H"]) else None,
+                ep.sL[(None, None, lslot)] if cutlass.const_expr(self.dpre == "X")
+                else (ep.sX[(None, None, buf)] if cutlass.const_expr(has["X"]) else None),
+            )
+            if cutlass.const_expr(has["D"]):
+                ep.rD_out.store(ep.rD.load().to(self.d_dtype))
+                cute.copy(ep.r2s_d, ep.rD_out, ep.tRS_sD[(None, None, None, buf)])
+            if cutlass.const_expr(self.dpre == "D"):
+                ep.rD_out.store(ep.rD.load().to(self.d_dtype))
+                cute.copy(ep.r2s_d, ep.rD_out, ep.tRS_sL[(None, None, None, lslot)])
+            if cutlass.const_expr(has["P"]):
+                ep.rP_out.store(ep.rP.load().to(self.post_dtype))
+                cute.copy(ep.r2s_p, ep.rP_out, ep.tRS_sP[(None, None, None, buf)])
+            # smem written by the generic proxy, read next by the TMA (async proxy).
+            cute.arch.fence_proxy("async.shared", space="cta")
+            if cutlass.const_expr(self.store_warp_apart):
+                # Hand the subtile to the store warp and go on: one arrival per warp, once all
+                # its lanes have written and fenced.
+                cute.arch.sync_warp()
+                if cute.arch.lane_idx() == 0:
+                    cute.arch.mbarrier_arrive(ep.epi_mbar + buf)
+            else:
+                epi_barrier.arrive_and_wait()
+            if cutlass.const_expr(not self.store_warp_apart):
+                if is_store_warp:
+                    self._store_subtile(ep, tc, e, buf, lslot)
+                    store_pipeline.producer_commit()
+                    if cutlass.const_expr(drain_last and e + 1 == num_sub):
+                        # Hand the shared buffers over empty: every store of this tile has read smem.
+                        cute.arch.cp_async_bulk_wait_group(0, read=True)
+                    elif cutlass.const_expr(self.dpre_in_place and self.l_ring == 1 and e + 1 < num_sub):
+                        # One preact slot: once this subtile's stores have read it (dpreact left from
+                        # it), it takes the next subtile's preact.
+                        cute.arch.cp_async_bulk_wait_group(0, read=True)
+                        self._load_preact(ep, tc, e + 1, count + 1, wg)
+                    else:
+                        # The previous subtile's stores must have read their buffers before those are
+                        # written again.
+                        store_pipeline.producer_acquire()
+                        if cutlass.const_expr(self.dpre_in_place and not self.pingpong and e + self.l_ahead < num_sub):
+                            # The previous subtile's stores have read its preact slot, which is the
+                            # slot of subtile e + l_ahead: refill it.
+                            self._load_preact(ep, tc, e + self.l_ahead, count + self.l_ahead, wg)
+                        if cutlass.const_expr(self.dpre_in_place and self.pingpong and e >= 1
+                                              and e - 1 + self.l_ring < num_sub):
+                            # Pingpong filled every slot at the tile's start: the slot subtile e - 1
+                            # has just released takes subtile e - 1 + l_ring.
+                            self._load_preact(ep, tc, e - 1 + self.l_ring, count - 1 + self.l_ring, wg)
+            if cutlass.const_expr(not self.single_barrier and not self.store_warp_apart):
+                epi_barrier.arrive_and_wait()
+            count += 1
+        return count
+
+    @cute.jit
+    def _store_subtile(self, ep, tc, e: cutlass.Constexpr, buf, lslot):
+        """Issue the TMA stores of subtile e of tile tc: every output channel from buffer `buf`,
+        dpreact in place from preact slot `lslot`. Called by a whole warp."""
+        num_sub = self.tile_shape_mnk[1] // self.epi_tile[1]
+        sm = tc[0]
+        sn = tc[1] * num_sub + e
+        for c in ("D", "P", "H", "X"):
+            if cutlass.const_expr(c == self.dpre):
+                cute.copy(ep.tma[c], ep.smem[c][(None, lslot)], ep.gmem[c][(None, sm, sn, 0)],
+                          cache_policy=self._policy(2))
+            elif cutlass.const_expr(self.ch_width[c] > 0):
+                cute.copy(ep.tma[c], ep.smem[c][(None, buf)], ep.gmem[c][(None, sm, sn, 0)],
+                          cache_policy=self._policy(2))
+
+    @cute.jit
+    def _store_warp(self, ep, sched_params):
+        """config.epi_store_warp: the producer warpgroup's warp EPI_STORE_WARP walks the CTA's
+        tiles in order (pingpong: tile j is warpgroup j % 2's) and issues every subtile's TMA
+        stores and the dact's preact loads in the consumers' place.
+
+        Per subtile (c-th of the CTA, buffer c % N with N = epi_stages): wait at the buffer's
+        full mbarrier for the consumer warps that wrote it, issue its stores, wait until the
+        previous subtile's stores have read shared memory and arrive at the empty mbarrier of
+        that buffer, which its writers wait at before writing it again, at subtile c + N - 1. The
+        first N - 1 buffers start empty. Preact: a cooperative tile's first subtiles load as its
+        epilogue starts (their slots' stores read by then), and the ring refills as the
+        consumers' store warp would refill it; a pingpong warpgroup's next tile loads its ring
+        as the store warp takes the other warpgroup's tile, once this tile's stores have read
+        it, which is when that warpgroup's mainloop starts."""
+        tn = self.tile_shape_mnk[1]
+        num_sub = tn // self.epi_tile[1]
+        n_buf = self.out_stages
+        has_l = self.ch_width["L"] > 0
+        first_loads = min(self.l_ring if self.pingpong else self.l_ahead, num_sub)
+        store_pipeline = pipeline.PipelineTmaStore.create(
+            num_stages=STORE_WINDOW, producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32),
+        )
+        for b in cutlass.range_constexpr(n_buf - 1):
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive(ep.epi_mbar + n_buf + b)
+        sched = tile_scheduler.create(sched_params)
+        work = sched.initial_work_tile_info()
+        if cutlass.const_expr(has_l and self.pingpong):
+            if work.is_valid_tile:
+                for i in cutlass.range_constexpr(first_loads):
+                    self._load_preact(ep, work.tile_idx, i, i, 0)
+        count = cutlass.Int32(0)  # the CTA's subtiles so far
+        tile_ordinal = cutlass.Int32(0)
+        while work.is_valid_tile:
+            tc = work.tile_idx
+            sched.advance_to_next_work()
+            next_work = sched.get_current_work()
+            wg = tile_ordinal % 2 if cutlass.const_expr(self.pingpong) else 0
+            # the tile's warpgroup's preact subtiles before this tile
+            l_base = (tile_ordinal // 2) * num_sub if cutlass.const_expr(self.pingpong) else count
+            if cutlass.const_expr(has_l and not self.pingpong):
+                for i in cutlass.range_constexpr(first_loads):
+                    self._load_preact(ep, tc, i, l_base + i, 0)
+            for e in cutlass.range_constexpr(num_sub):
+                buf = count % n_buf
+                lslot = wg * self.l_ring + (l_base + e) % self.l_ring
+                if cutlass.const_expr(has_l and not self.dpre_in_place and e + 1 < num_sub):
+                    # Two slots: the next subtile's goes where the consumers finished reading
+                    # (their arrival at the last subtile's full mbarrier).
+                    self._load_preact(ep, tc, e + 1, l_base + e + 1, wg)
+                cute.arch.mbarrier_wait(ep.epi_mbar + buf, (count // n_buf) % 2)
+                self._store_subtile(ep, tc, e, buf, lslot)
+                store_pipeline.producer_commit()
+                if cutlass.const_expr(self.dpre_in_place and self.l_ring == 1 and e + 1 < num_sub):
+                    # One preact slot: it takes the next subtile's preact once this subtile's
+                    # stores (dpreact among them) have read it.
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+                    self._load_preact(ep, tc, e + 1, l_base + e + 1, wg)
+                else:
+                    store_pipeline.producer_acquire()  # the previous subtile's stores have read smem
+                with cute.arch.elect_one():
+                    cute.arch.mbarrier_arrive(ep.epi_mbar + n_buf + (count + n_buf - 1) % n_buf)
+                if cutlass.const_expr(self.dpre_in_place and not self.pingpong and e + self.l_ahead < num_sub):
+                    # The previous subtile's slot is the slot of subtile e + l_ahead.
+                    self._load_preact(ep, tc, e + self.l_ahead, l_base + e + self.l_ahead, 0)
+                if cutlass.const_expr(self.dpre_in_place and self.pingpong and self.l_ring > 1 and e >= 1
+                                      and e - 1 + self.l_ring < num_sub):
+                    # Every slot was filled before the tile: the one subtile e - 1 has released
+                    # takes subtile e - 1 + l_ring.
+                    self._load_preact(ep, tc, e - 1 + self.l_ring, l_base + e - 1 + self.l_ring, wg)
+                if cutlass.const_expr(has_l and self.pingpong and e == 0):
+                    # The other warpgroup's next tile: its ring's last stores (its last tile's)
+                    # have read it by the wait above.
+                    if next_work.is_valid_tile:
+                        for i in cutlass.range_constexpr(first_loads):
+                            self._load_preact(ep, next_work.tile_idx, i, ((tile_ordinal + 1) // 2) * num_sub + i, 1 - wg)
+                count += 1
+            work = next_work
+            tile_ordinal += 1
+        store_pipeline.producer_tail()
+
+
+def subtile_order(tiled_mma, r2s, tm: int, tn: int):
+    """Static map from (subtile e, fragment value v) -> index into r2s.retile(acc): entry
+    e * S + v is the accumulator register holding the value that the copy's source partition of
+    the whole (tm, tn) tile puts at flat position e * S + v. Computed on thread 0's slices, whose
+    coordinates are static; every thread's pattern is the same up to its offset. (With one m64
+    atom along M it is the identity.)"""
+    ident = cute.make_identity_tensor((tm, tn))
+    acc_c = r2s.retile(tiled_mma.get_slice(0).partition_C(ident))
+    full = r2s.get_slice(0).partition_S(ident)
+    pos = {tuple(acc_c[i]): i for i in range(cute.size(acc_c))}
+    coords = [tuple(full[v]) for v in range(cute.size(full))]
+    # The gated epilogues take values 2j, 2j + 1 as one (gate, up) pair of adjacent columns.
+    for j in range(len(coords) // 2):
+        (r0, c0), (r1, c1) = coords[2 * j], coords[2 * j + 1]
+        if r1 != r0 or c1 != c0 + 1 or c0 % 2:
+            raise ValueError(f"epilogue fragment: values {2 * j}, {2 * j + 1} are not a column pair ({coords[2 * j]}, {coords[2 * j + 1]})")
+    return [pos[c] for c in coords]
