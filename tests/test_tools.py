@@ -93,6 +93,50 @@ def test_pytest_shards_runs_every_test_once_and_fails_if_one_shard_fails(tmp_pat
     assert r.returncode == 1 and "1 failed" in r.stdout and "test_maybe_bad" in r.stdout
 
 
+def test_pytest_shards_kills_a_shard_past_its_deadline_and_the_others_still_report(tmp_path):
+    tests = tmp_path / "test_sample.py"
+    tests.write_text(
+        "import os, time\n"
+        "def test_quick_a():\n"
+        "    pass\n"
+        "def test_hangs():\n"
+        "    open(os.environ['PIDS'] + f'/{os.getpid()}', 'x').close()\n"
+        "    time.sleep(600)\n"
+        "def test_quick_b():\n"
+        "    pass\n"
+    )
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    import os
+    import sys
+    import time
+
+    t0 = time.time()
+    r = subprocess.run(
+        [sys.executable, str(TOOLS / "pytest_shards.py"), "3", "--deadline", "8", "-q", "-p", "no:cacheprovider",
+         str(tests)],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env={**os.environ, "OUT": str(tmp_path / "out"), "PIDS": str(pids)},
+    )
+    assert time.time() - t0 < 60, "the hung shard was waited for instead of killed"
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "timed out after 8 s" in r.stdout and "3 tests in 3 shards, 1 failed" in r.stdout
+    # pytest's faulthandler named the hung test in its shard's log
+    assert "test_hangs" in r.stdout
+    (pid,) = [int(f.name) for f in pids.iterdir()]
+    time.sleep(0.5)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # the shard's pytest is gone, not orphaned
+
+
+def test_pytest_shards_refuses_a_deadline_without_seconds(tmp_path):
+    import sys
+
+    r = subprocess.run([sys.executable, str(TOOLS / "pytest_shards.py"), "2", "--deadline", "soon", "x.py"],
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert r.returncode == 2 and "--deadline takes a number of seconds" in r.stderr
+
+
 def test_profile_step_kernel_table_counts_kernels_and_gaps_not_step_markers():
     """kernel_table on synthetic CUDA events: two steps of two kernels, with the profiler
     schedule's GPU-side step markers (which span the step) left out of busy time and gaps."""
