@@ -235,31 +235,43 @@ class EpiloguePipelineSm90:
                 if is_store_warp:
                     self._store_subtile(ep, tc, e, buf, lslot)
                     store_pipeline.producer_commit()
-                    if cutlass.const_expr(drain_last and e + 1 == num_sub):
-                        # Hand the shared buffers over empty: every store of this tile has read smem.
-                        cute.arch.cp_async_bulk_wait_group(0, read=True)
-                    elif cutlass.const_expr(self.dpre_in_place and self.l_ring == 1 and e + 1 < num_sub):
-                        # One preact slot: once this subtile's stores have read it (dpreact left from
-                        # it), it takes the next subtile's preact.
-                        cute.arch.cp_async_bulk_wait_group(0, read=True)
-                        self._load_preact(ep, tc, e + 1, count + 1, wg)
-                    else:
-                        # The previous subtile's stores must have read their buffers before those are
-                        # written again.
-                        store_pipeline.producer_acquire()
-                        if cutlass.const_expr(self.dpre_in_place and not self.pingpong and e + self.l_ahead < num_sub):
-                            # The previous subtile's stores have read its preact slot, which is the
-                            # slot of subtile e + l_ahead: refill it.
-                            self._load_preact(ep, tc, e + self.l_ahead, count + self.l_ahead, wg)
-                        if cutlass.const_expr(self.dpre_in_place and self.pingpong and e >= 1
-                                              and e - 1 + self.l_ring < num_sub):
-                            # Pingpong filled every slot at the tile's start: the slot subtile e - 1
-                            # has just released takes subtile e - 1 + l_ring.
-                            self._load_preact(ep, tc, e - 1 + self.l_ring, count - 1 + self.l_ring, wg)
+                    self._wait_subtile_stores(ep, tc, e, count, wg, store_pipeline, drain_last)
+                    self._refill_preact(ep, tc, e, count, wg)
             if cutlass.const_expr(not self.single_barrier and not self.store_warp_apart):
                 epi_barrier.arrive_and_wait()
             count += 1
         return count
+
+    @cute.jit
+    def _wait_subtile_stores(self, ep, tc, e: cutlass.Constexpr, l_count, wg, store_pipeline,
+                             drain_last: cutlass.Constexpr):
+        """After subtile e's stores are committed (by the warp that issued them): wait until the
+        buffers written next may be. Usually the previous subtile's stores must have read smem;
+        `drain_last`: at the tile's last subtile, all of them (the buffers are handed over
+        empty); with one preact slot, this subtile's too, and the slot then takes the next
+        subtile's preact. l_count: this subtile's place in warpgroup wg's preact ring."""
+        num_sub = self.tile_shape_mnk[1] // self.epi_tile[1]
+        if cutlass.const_expr(drain_last and e + 1 == num_sub):
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+        elif cutlass.const_expr(self.dpre_in_place and self.l_ring == 1 and e + 1 < num_sub):
+            # dpreact left from the slot: once this subtile's stores have read it, it is free
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+            self._load_preact(ep, tc, e + 1, l_count + 1, wg)
+        else:
+            store_pipeline.producer_acquire()
+
+    @cute.jit
+    def _refill_preact(self, ep, tc, e: cutlass.Constexpr, l_count, wg):
+        """With dpreact in place, after _wait_subtile_stores: the preact slot the previous
+        subtile's stores have just read takes the ring's next subtile. Cooperative: that slot is
+        subtile e + l_ahead's. Pingpong (every slot filled before the tile): subtile
+        e - 1 + l_ring's."""
+        num_sub = self.tile_shape_mnk[1] // self.epi_tile[1]
+        if cutlass.const_expr(self.dpre_in_place and not self.pingpong and e + self.l_ahead < num_sub):
+            self._load_preact(ep, tc, e + self.l_ahead, l_count + self.l_ahead, wg)
+        if cutlass.const_expr(self.dpre_in_place and self.pingpong and self.l_ring > 1 and e >= 1
+                              and e - 1 + self.l_ring < num_sub):
+            self._load_preact(ep, tc, e - 1 + self.l_ring, l_count - 1 + self.l_ring, wg)
 
     @cute.jit
     def _store_subtile(self, ep, tc, e: cutlass.Constexpr, buf, lslot):
@@ -330,23 +342,10 @@ class EpiloguePipelineSm90:
                 cute.arch.mbarrier_wait(ep.epi_mbar + buf, (count // n_buf) % 2)
                 self._store_subtile(ep, tc, e, buf, lslot)
                 store_pipeline.producer_commit()
-                if cutlass.const_expr(self.dpre_in_place and self.l_ring == 1 and e + 1 < num_sub):
-                    # One preact slot: it takes the next subtile's preact once this subtile's
-                    # stores (dpreact among them) have read it.
-                    cute.arch.cp_async_bulk_wait_group(0, read=True)
-                    self._load_preact(ep, tc, e + 1, l_base + e + 1, wg)
-                else:
-                    store_pipeline.producer_acquire()  # the previous subtile's stores have read smem
+                self._wait_subtile_stores(ep, tc, e, l_base + e, wg, store_pipeline, False)
                 with cute.arch.elect_one():
                     cute.arch.mbarrier_arrive(ep.epi_mbar + n_buf + (count + n_buf - 1) % n_buf)
-                if cutlass.const_expr(self.dpre_in_place and not self.pingpong and e + self.l_ahead < num_sub):
-                    # The previous subtile's slot is the slot of subtile e + l_ahead.
-                    self._load_preact(ep, tc, e + self.l_ahead, l_base + e + self.l_ahead, 0)
-                if cutlass.const_expr(self.dpre_in_place and self.pingpong and self.l_ring > 1 and e >= 1
-                                      and e - 1 + self.l_ring < num_sub):
-                    # Every slot was filled before the tile: the one subtile e - 1 has released
-                    # takes subtile e - 1 + l_ring.
-                    self._load_preact(ep, tc, e - 1 + self.l_ring, l_base + e - 1 + self.l_ring, wg)
+                self._refill_preact(ep, tc, e, l_base + e, wg)
                 if cutlass.const_expr(has_l and self.pingpong and e == 0):
                     # The other warpgroup's next tile: its ring's last stores (its last tile's)
                     # have read it by the wait above.
