@@ -191,6 +191,15 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
         self.ch_dtype = dtypes
 
     @staticmethod
+    def _epi_buffers(storage, layouts):
+        """The epilogue's smem buffers (sD, sP, sH, sX, sL; an absent channel's is a placeholder)
+        in `storage`, laid out as `layouts` (in that order); made where each role needs them."""
+        return tuple(
+            getattr(storage, name).get_tensor(layout.outer, swizzle=layout.inner)
+            for name, layout in zip(("sD", "sP", "sH", "sX", "sL"), layouts)
+        )
+
+    @staticmethod
     def _with_batch(t: cute.Tensor) -> cute.Tensor:
         """(X, Y) -> (X, Y, 1): the scheduler and tilers speak (m, n, l)."""
         return cute.make_tensor(t.iterator, cute.append(t.layout, cute.make_layout(1, stride=0)))
@@ -430,6 +439,7 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
 
         sA = storage.sA.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
         sB = storage.sB.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
+        epi_layouts = (sD_layout, sP_layout, sH_layout, sX_layout, sL_layout)
 
         # (bM, bK, tiles_m, tiles_k, 1) views of A and B for the TMA partition.
         gA = cute.local_tile(mA, (tm, tk), (None, None, None))
@@ -484,11 +494,7 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
             if cutlass.const_expr(self.store_warp_apart):
                 if warp_idx == EPI_STORE_WARP:
                     ep = self._tma_views(
-                        storage.sD.get_tensor(sD_layout.outer, swizzle=sD_layout.inner),
-                        storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner),
-                        storage.sH.get_tensor(sH_layout.outer, swizzle=sH_layout.inner),
-                        storage.sX.get_tensor(sX_layout.outer, swizzle=sX_layout.inner),
-                        storage.sL.get_tensor(sL_layout.outer, swizzle=sL_layout.inner),
+                        *self._epi_buffers(storage, epi_layouts),
                         tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, l_mbar, epi_mbar,
                     )
                     self._store_warp(ep, sched_params)
@@ -499,11 +505,7 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
                 self._consume_pingpong(
                     tidx, warp_idx, tiled_mma, tiled_mma_first, sA, sB, ab_pipeline, k_tiles, sched_params, index_pipe, s_idx,
                     l_mbar, epi_mbar,
-                    storage.sD.get_tensor(sD_layout.outer, swizzle=sD_layout.inner),
-                    storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner),
-                    storage.sH.get_tensor(sH_layout.outer, swizzle=sH_layout.inner),
-                    storage.sX.get_tensor(sX_layout.outer, swizzle=sX_layout.inner),
-                    storage.sL.get_tensor(sL_layout.outer, swizzle=sL_layout.inner),
+                    *self._epi_buffers(storage, epi_layouts),
                     tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, mBias, m_size, n_size,
                 )
             else:
@@ -523,11 +525,7 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
                 two_atoms = tm > 64 * self.atom_layout_mnk[0]
                 ep = self._epilogue_setup(
                     tiled_mma, mma_tidx, acc,
-                    storage.sD.get_tensor(sD_layout.outer, swizzle=sD_layout.inner),
-                    storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner),
-                    storage.sH.get_tensor(sH_layout.outer, swizzle=sH_layout.inner),
-                    storage.sX.get_tensor(sX_layout.outer, swizzle=sX_layout.inner),
-                    storage.sL.get_tensor(sL_layout.outer, swizzle=sL_layout.inner),
+                    *self._epi_buffers(storage, epi_layouts),
                     tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, l_mbar, epi_mbar,
                     self._copy_order(tiled_mma, m_size, n_size) if two_atoms else None,
                 )
