@@ -187,6 +187,15 @@ class GemmConfig:
     # subtiles earlier; a pingpong warpgroup no longer drains its stores before handing the
     # buffers over. Static scheduler, whole tiles.
     epi_store_warp: bool = False
+    # Programmatic dependent launch: the kernel is launched with programmatic stream
+    # serialization allowed, so its CTAs may start while the kernel before it on the stream is
+    # still running; each CTA sets up its shared memory, barriers and cluster, then waits
+    # (griddepcontrol.wait) until that kernel has finished and its writes are visible, before it
+    # touches global memory. Once past the wait it lets the next such kernel start the same way
+    # (griddepcontrol.launch_dependents). What it can save is the gap between two kernels of a
+    # step: the launch and each CTA's setup run while the SMs drain the previous kernel's last
+    # tiles. Work before it that is not a kernel (a memset, an event wait) keeps its full order.
+    pdl: bool = False
     # The L2 eviction policy of the TMA copies, by CACHE_HINTS: "normal" (EVICT_NORMAL on every
     # copy, as CUTLASS C++ passes by default), "none" (the DSL's undocumented operand of 0),
     # "stream" (epilogue traffic evict-first) or "keep" (A/B tiles evict-last as well). Held 2 s
@@ -214,7 +223,8 @@ class GemmConfig:
     serpentine: bool = False
 
     def __post_init__(self):
-        for name in ("l2_prefetch", "stream_k", "dact_pair_swap", "serpentine", "epi_store_warp"):
+        for name in ("l2_prefetch", "stream_k", "dact_pair_swap", "serpentine", "epi_store_warp",
+                     "pdl"):
             # a string such as "no" would otherwise switch the option on without a word
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be True or False")
@@ -318,6 +328,7 @@ class GemmConfig:
         st += "" if self.dact_pair_swap else "_nops"
         st += "" if self.raster_along == "n" else "_rm"
         st += "_sp" if self.serpentine else ""
+        st += "_pdl" if self.pdl else ""
         return (
             f"t{self.tile_m}x{self.tile_n}_c{self.cluster_m}x{self.cluster_n}"
             f"_g{self.raster_group}_sm{self.num_sms}{sched}{cons}{pf}{l2}{st}"

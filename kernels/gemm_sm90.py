@@ -356,6 +356,7 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
             cluster=(cm, cn, 1),
             min_blocks_per_mp=1,
             stream=stream,
+            use_pdl=self.cfg.pdl,
         )
 
     # ---- the kernel --------------------------------------------------------------------------
@@ -455,6 +456,12 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
         k_tiles = cute.size(gA, mode=[3])
 
         pipeline.pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mn)
+        if cutlass.const_expr(self.cfg.pdl):
+            # Everything above is this CTA's own (shared memory, barriers, its cluster, the TMA
+            # descriptors in parameter space); every global read or write below must come after
+            # the kernel before it on the stream (config.pdl).
+            cute.arch.griddepcontrol_wait()
+            cute.arch.griddepcontrol_launch_dependents()
 
         if wg_idx == 0:
             # ---------------- producer warpgroup ----------------

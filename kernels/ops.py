@@ -19,6 +19,7 @@ import ctypes
 import dataclasses
 import functools
 import importlib.util
+import os
 import struct
 import threading
 from typing import Optional
@@ -369,12 +370,56 @@ def rewriting_configs(rewrite):
         _config_rewrite = previous
 
 
+# Whether the configs the rule picks (default_config, a row block's, tuned=True's) launch with
+# programmatic dependent launch (GemmConfig.pdl). PARALLEL_MLP_PDL=1 in the environment turns it
+# on; set_pdl switches it in a running process.
+PDL_ENV = "PARALLEL_MLP_PDL"
+
+
+def pdl_by_env() -> bool:
+    """PARALLEL_MLP_PDL: "1" on, "0" (or unset) off; anything else is refused, as the other
+    PARALLEL_MLP_ switches refuse theirs."""
+    value = os.environ.get(PDL_ENV, "0").strip() or "0"
+    if value not in ("0", "1"):
+        raise ValueError(f"{PDL_ENV}={value!r}: must be 0 or 1")
+    return value == "1"
+
+
+_pdl = pdl_by_env()
+
+
+def set_pdl(on: bool) -> bool:
+    """Launch the rule's kernels with programmatic dependent launch (GemmConfig.pdl) from now on,
+    or not; returns the previous setting. A launch with config= runs its config as given. Launch
+    groups captured before (parallel_mlp.launch_graphs) replay the launches they captured: the
+    same kernels, the same bits, launched as they were."""
+    global _pdl
+    if not isinstance(on, bool):
+        raise ValueError(f"set_pdl(on={on!r}): must be True or False")
+    previous, _pdl = _pdl, on
+    if on != previous:
+        _plans.clear()  # their configs carry the previous setting
+    return previous
+
+
+def pdl_launches() -> bool:
+    """Whether the rule's kernels launch with programmatic dependent launch (set_pdl)."""
+    return _pdl
+
+
+@functools.lru_cache(maxsize=None)
+def _with_pdl(cfg: GemmConfig) -> GemmConfig:
+    return dataclasses.replace(cfg, pdl=True)
+
+
 def _plan(spec: EpilogueSpec, a, bk, d_dtype, bias, config, tuned, whole_rows):
     """(config, compiled kernel) of a launch: the config rule (or the caller's config), checked
     against the device, and the kernel it names, compiled or loaded on first use."""
     from .compile import KernelKey, get_kernel
 
     cfg = _pick_config(spec, a, bk, d_dtype, config, tuned, whole_rows)
+    if config is None and _pdl:
+        cfg = _with_pdl(cfg)
     if config is None and not tuned and _config_rewrite is not None:
         cfg = _config_rewrite(cfg)
     if cfg.stream_k:

@@ -8,8 +8,10 @@ NVVM, ptxas) for sm_90a with symbolic problem sizes, then checks that the PTX is
 ``cp.reduce.async.bulk.tensor`` reduce-adds for accumulation) and register reallocation
 (``setmaxnreg``); the dynamic-scheduler variants must also claim tiles with a global atomic add
 (``atom.global.add``), and the pingpong variants must hand turns between their consumer
-warpgroups with named-barrier arrives (``bar.arrive``). One line per variant, a summary line last; the exit status is non-zero if any
-variant fails. Compiles run in parallel processes (-j, default: number of CPUs).
+warpgroups with named-barrier arrives (``bar.arrive``); a kernel has ``griddepcontrol.wait`` and
+``griddepcontrol.launch_dependents`` once each with config.pdl, and neither without. One line
+per variant, a summary line last; the exit status is non-zero if any variant fails. Compiles
+run in parallel processes (-j, default: number of CPUs).
 """
 
 from __future__ import annotations
@@ -73,7 +75,34 @@ def variants(quick: bool = False):
     out += stream_k_variants(quick)
     out += pair_swap_off_variants(quick)
     out += epi_stages_variants(quick)
+    out += pdl_variants(quick)
     return out
+
+
+def pdl_variants(quick: bool = False):
+    """Programmatic dependent launch (config.pdl) on each schedule the defaults run: the
+    cooperative 2x1 128x256 store and fp32 accumulate, the pingpong 128x192 act and dact, the
+    short-K cooperative 128x128 dact, stream-K and the dynamic scheduler."""
+    coop = GemmConfig(128, 256, 2, 1, 8, pdl=True)
+    pp = GemmConfig(128, 192, 2, 1, 8, consumers="pingpong", pdl=True)
+    keys = [
+        KernelKey(EpilogueSpec("store"), coop, "bfloat16", "row", "row", "bfloat16"),
+        KernelKey(EpilogueSpec("dact", "swiglu"), dataclasses.replace(pp, dact_prefetch=2, epi_n=16),
+                  "bfloat16", "row", "col", "bfloat16"),
+    ]
+    if not quick:
+        keys += [
+            KernelKey(EpilogueSpec("accumulate"), dataclasses.replace(coop, l2_prefetch=True),
+                      "bfloat16", "col", "col", "float32"),
+            KernelKey(EpilogueSpec("act", "swiglu"), pp, "bfloat16", "row", "row", "bfloat16"),
+            KernelKey(EpilogueSpec("dact", "gelu_tanh_approx"), GemmConfig(128, 128, dact_prefetch=3, pdl=True),
+                      "bfloat16", "row", "col", "bfloat16"),
+            KernelKey(EpilogueSpec("store"), dataclasses.replace(coop, raster_group=16, stream_k=True),
+                      "bfloat16", "row", "col", "bfloat16"),
+            KernelKey(EpilogueSpec("store"), GemmConfig(128, 128, scheduler="dynamic", pdl=True),
+                      "bfloat16", "row", "row", "bfloat16"),
+        ]
+    return keys
 
 
 def epi_stages_variants(quick: bool = False):
@@ -374,6 +403,12 @@ def check_one(key: KernelKey):
         l2_prefetch = key.config.l2_prefetch and key.epilogue.kind in ("dact", "accumulate")
         if l2_prefetch and "cp.async.bulk.prefetch.tensor" not in ptx:
             missing.append("cp.async.bulk.prefetch.tensor (L2 prefetch of the epilogue input)")
+        # config.pdl: one wait for the kernel before and one early launch of the next, in every
+        # CTA's common prologue; none without it.
+        pdl_ops = (ptx.count("griddepcontrol.wait"), ptx.count("griddepcontrol.launch_dependents"))
+        if pdl_ops != ((1, 1) if key.config.pdl else (0, 0)):
+            missing.append(f"griddepcontrol.wait / .launch_dependents once each with pdl={key.config.pdl}, "
+                           f"not {pdl_ops[0]} / {pdl_ops[1]}")
         if missing:
             return False, "PTX lacks " + ", ".join(missing), time.time() - t
         n_mma = ptx.count("wgmma.mma_async")
@@ -385,6 +420,8 @@ def check_one(key: KernelKey):
             msg += f", L2 prefetch x{ptx.count('cp.async.bulk.prefetch.tensor')}"
         if pingpong:
             msg += f", bar.arrive x{ptx.count('bar.arrive')} (pingpong turns)"
+        if key.config.pdl:
+            msg += ", griddepcontrol.wait + launch_dependents (pdl)"
         return True, msg, time.time() - t
     except Exception as e:  # report, don't stop: every variant gets its line
         msg = str(e).strip().splitlines()

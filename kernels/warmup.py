@@ -39,7 +39,14 @@ def mlp_keys(tokens, d, h, act, dtype="bfloat16", d_out=None, bias=False, num_sm
     d_out = d_out or d
     F = 2 * h if A.gated else h
     T = tokens
-    cfg = lambda m, n, k, kind="store": default_config(m, n, k, num_sms, kind)  # noqa: E731
+    from .ops import pdl_launches
+
+    pdl = pdl_launches()
+
+    def cfg(m, n, k, kind="store"):  # the rule's config, launched as ops would (PARALLEL_MLP_PDL)
+        c = default_config(m, n, k, num_sms, kind)
+        return dataclasses.replace(c, pdl=True) if pdl else c
+
     bias_dt = dtype if bias else None
     keys = [
         # fc1 + act: x [T, d] row-major, b = W1.T -> (N, K) = W1, K contiguous
