@@ -343,6 +343,63 @@ def test_launch_graphs_ab_says_what_it_times():
     assert "--hold-s" in r.stdout and "launch groups" in r.stdout
 
 
+def test_pdl_ab_switches_the_kernels_and_the_launch_graphs_with_each_step(monkeypatch):
+    """tools/pdl_ab.py's two variants of one module: each step sets pdl as its variant says and
+    runs through its own launch graphs, so that neither replays the other's captures (kernels
+    stubbed out, on the CPU)."""
+    monkeypatch.syspath_prepend(str(TOOLS))
+    import pdl_ab
+
+    from parallel_mlp import ParallelMLP, autograd
+    from parallel_mlp.bench.host_stub import launch_groups, stubbed_kernels
+    from parallel_mlp.kernels import compile as kcompile
+    from parallel_mlp.kernels import ops
+
+    launched = []
+
+    class Recorder:
+        def __init__(self, key):
+            self.key = key
+
+        def run_compiled_program(self, args):
+            launched.append(self.key.config.pdl)
+
+    kept_graphs, kept_pdl = autograd.GRAPHS, ops.pdl_launches()
+    try:
+        with stubbed_kernels(), launch_groups(replayed=False) as groups:
+            monkeypatch.setattr(kcompile, "get_kernel", lambda key, use_disk=True: Recorder(key))
+            mlp = ParallelMLP(64, 96, activation="swiglu", backend="cute", dtype=torch.bfloat16)
+            x = torch.randn(32, 64, dtype=torch.bfloat16, requires_grad=True)
+            dy = torch.randn(32, 64, dtype=torch.bfloat16)
+            other = type(groups)(capture=lambda launches, device: None, replay=lambda graph, launches: None,
+                                 capturing=lambda: False)
+            other.enabled = True  # a first sighting of each key: its launches run
+            on = pdl_ab._switched(mlp, x, dy, True, groups)
+            off = pdl_ab._switched(mlp, x, dy, False, other)
+            on()
+            assert ops.pdl_launches() and autograd.GRAPHS is groups
+            assert launched and all(launched)
+            launched.clear()
+            off()
+            assert not ops.pdl_launches() and autograd.GRAPHS is other
+            assert launched and not any(launched)
+    finally:
+        autograd.GRAPHS = kept_graphs
+        ops.set_pdl(kept_pdl)
+
+
+def test_pdl_ab_refuses_bad_shapes_and_needs_a_gpu(monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(TOOLS))
+    import pdl_ab
+
+    with pytest.raises(SystemExit):
+        pdl_ab.main(["--shapes", "8192:4096"])
+    assert "expected T:d:h:activation" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+            pdl_ab.main(["--shapes", "512:1024:2816:swiglu"])
+
+
 def test_step_memory_trace_marks_the_peak_of_what_the_step_asks_for(monkeypatch):
     """tools/step_memory_trace.py: the running total of the bytes asked for over the step's start, from
     the allocator's trace (allocations, and frees once completed), with the peak marked; the

@@ -51,7 +51,12 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--shapes", default=SHAPES, metavar="T:d:h:act,...")
     args = p.parse_args(argv)
-    shapes = parse_shapes(args.shapes)
+    try:
+        shapes = parse_shapes(args.shapes)
+    except ValueError as e:
+        p.error(str(e))
+    if not torch.cuda.is_available():
+        raise SystemExit("pdl_ab.py needs a CUDA GPU")
     ctx = Ctx(device=torch.device("cuda"), dtype=torch.bfloat16, tokens=0, d_model=0, configs=[],
               iters=10, warmup=3, backend="auto", deadline=float("inf"), hold_s=args.hold_s,
               rounds=args.rounds, quiet=True)
