@@ -1,6 +1,7 @@
 """parallel_mlp.bench.timing on the CPU, driven by a fake clock: a hold calls back to back until
 its time is up on that clock (or for its number of calls) and times every call; settled() leaves
-out the start of a hold; heat() calls every function in turn until its time is up."""
+out the start of a hold; heat() calls every function in turn until its time is up; held_turns
+holds functions in alternating turns."""
 
 from fake_clock import FakeClock
 
@@ -51,3 +52,32 @@ def test_heat_calls_every_fn_in_turn_until_its_time_is_up():
     seen.clear()
     assert heat(fns, 0.040, cuda=False, clock=clock) == 3 and len(seen) == 6
     assert heat(fns, 0.0, cuda=False, clock=clock) == 0  # none at all
+
+
+def test_held_turns_hold_each_fn_in_alternating_order_and_pair_the_rounds(monkeypatch):
+    """held_turns: warm-up calls, then per round one hold of each function, forward in even rounds
+    and reversed in odd ones; each function's list holds its turns' medians round by round (so
+    two functions' turns of one round pair up), and median_ms_held is their medians."""
+    import torch
+
+    from parallel_mlp.bench import timing
+
+    order, calls = [], []
+
+    def fake_hold(fn, seconds, **kw):
+        fn(0)
+        name = calls[-1]
+        order.append(name)
+        turn = sum(1 for n in order if n == name)  # this function's turn: 1, 2, ...
+        # ten calls; the settled ones (after HOLD_SETTLE) read 10 * turn + the function's index
+        return [999.0] + [10.0 * turn + "abc".index(name)] * 9
+
+    monkeypatch.setattr(timing, "hold", fake_hold)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    fns = [lambda n=n: calls.append(n) for n in "abc"]
+    turns = timing.held_turns(fns, hold_s=0.1, rounds=3, warmup=2)
+    assert calls[:6] == list("abcabc")  # the warm-up
+    assert order == list("abc" "cba" "abc")
+    assert turns == [[10.0, 20.0, 30.0], [11.0, 21.0, 31.0], [12.0, 22.0, 32.0]]
+    order.clear()
+    assert timing.median_ms_held(fns, hold_s=0.1, rounds=3, warmup=0) == [20.0, 21.0, 22.0]

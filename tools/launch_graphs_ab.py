@@ -23,7 +23,7 @@ from parallel_mlp.activations import ACTIVATIONS
 from parallel_mlp.bench.harness import Ctx
 from parallel_mlp.bench.models import EagerMLP, build_parallel_mlp, chunked_w1, train_step
 from parallel_mlp.bench.sweep import host_probe_us
-from parallel_mlp.bench.timing import hold, host_us_per_call, settled, turn_order
+from parallel_mlp.bench.timing import held_turns, host_us_per_call
 from parallel_mlp.launch_graphs import GRAPHS
 from parallel_mlp.small_step import applies
 
@@ -31,6 +31,27 @@ SHAPES = [  # T, d, h, activation: the sweep's host-bound fused steps, then smal
     (8192, 1024, 2816, "swiglu"), (2048, 2048, 2816, "swiglu"),
     (8192, 2048, 4096, "gelu_tanh_approx"), (4096, 1024, 4096, "gelu_tanh_approx"),
     (512, 1024, 2816, "swiglu"), (512, 8192, 2752, "swiglu")]
+
+
+def fused_and_eager(T: int, d: int, h: int, act: str, launch_graphs: bool):
+    """(ParallelMLP, EagerMLP, a second EagerMLP, x, dy, the ParallelMLP's backend) of one shape,
+    bf16 on the GPU, the same weights in each: backend "auto", or "cute" where auto would take
+    the small step (``launch_graphs``: whether the rule may count on replayed launch groups), so
+    that the fused kernels run."""
+    gated = ACTIVATIONS[act].gated
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w1 = (torch.randn((2 if gated else 1) * h, d, device="cuda", generator=g) * d ** -0.5).bfloat16()
+    w2 = (torch.randn(d, h, device="cuda", generator=g) * h ** -0.5).bfloat16()
+    x = torch.randn(T, d, device="cuda", generator=g).bfloat16().requires_grad_()
+    dy = torch.randn(T, d, device="cuda", generator=g).bfloat16()
+    small = applies(T, d, w1.shape[0], h, d, device_type="cuda", backend="auto", tp_size=1,
+                    recompute=False, fuse_grad_accum=False, compiling=False,
+                    gate_ops=ACTIVATIONS[act].gate is not None, launch_graphs=launch_graphs)
+    backend = "cute" if small else "auto"
+    ours = build_parallel_mlp(w1, w2, act, h, backend=backend)
+    eager = EagerMLP(chunked_w1(w1, gated), w2.clone(), act)
+    copy = EagerMLP(chunked_w1(w1, gated), w2.clone(), act)
+    return ours, eager, copy, x, dy, backend
 
 
 def _switched(model, x, dy, enabled: bool):
@@ -53,31 +74,11 @@ def main(argv=None) -> int:
     print(f"{'shape':38s} {'path':5s} {'eager ms':>9s} {'graphs':>8s} {'plain':>8s} "
           f"{'copy':>8s} {'g/eager':>8s} {'p/eager':>8s} {'g/p':>6s}  host µs: graphs plain eager")
     for T, d, h, act in SHAPES:
-        gated = ACTIVATIONS[act].gated
-        g = torch.Generator(device="cuda").manual_seed(0)
-        w1 = (torch.randn((2 if gated else 1) * h, d, device="cuda", generator=g) * d ** -0.5).bfloat16()
-        w2 = (torch.randn(d, h, device="cuda", generator=g) * h ** -0.5).bfloat16()
-        x = torch.randn(T, d, device="cuda", generator=g).bfloat16().requires_grad_()
-        dy = torch.randn(T, d, device="cuda", generator=g).bfloat16()
-        rows = w1.shape[0]
-        small = applies(T, d, rows, h, d, device_type="cuda", backend="auto", tp_size=1,
-                        recompute=False, fuse_grad_accum=False, compiling=False,
-                        gate_ops=ACTIVATIONS[act].gate is not None, launch_graphs=False)
-        backend = "cute" if small else "auto"
-        ours = build_parallel_mlp(w1, w2, act, h, backend=backend)
-        eager = EagerMLP(chunked_w1(w1, gated), w2.clone(), act)
-        copy = EagerMLP(chunked_w1(w1, gated), w2.clone(), act)
+        ours, eager, copy, x, dy, backend = fused_and_eager(T, d, h, act, launch_graphs=False)
         fns = [lambda: train_step(eager, x, dy), _switched(ours, x, dy, True),
                _switched(ours, x, dy, False), lambda: train_step(copy, x, dy)]
         GRAPHS.clear()
-        for fn in fns:
-            for _ in range(5):
-                fn()
-        torch.cuda.synchronize()
-        turns = [[] for _ in fns]
-        for r in range(args.rounds):
-            for k in turn_order(len(fns), r):
-                turns[k].append(statistics.median(settled(hold(lambda i, f=fns[k]: f(), args.hold_s))))
+        turns = held_turns(fns, args.hold_s, args.rounds, warmup=5)
         ms = [statistics.median(t) for t in turns]
         paired = [statistics.median(e / o for e, o in zip(turns[0], t)) for t in turns]
         g_over_p = statistics.median(p_ / g_ for g_, p_ in zip(turns[1], turns[2]))

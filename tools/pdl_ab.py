@@ -19,16 +19,15 @@ import statistics
 
 import torch
 
+from launch_graphs_ab import fused_and_eager  # same folder: its step's models, built alike
 from parallel_mlp import autograd
-from parallel_mlp.activations import ACTIVATIONS
 from parallel_mlp.bench.harness import Ctx
-from parallel_mlp.bench.models import EagerMLP, build_parallel_mlp, chunked_w1, train_step
+from parallel_mlp.bench.models import train_step
 from parallel_mlp.bench.sweep import host_probe_us
-from parallel_mlp.bench.timing import hold, settled, turn_order
+from parallel_mlp.bench.timing import held_turns
 from parallel_mlp.kernels import ops
 from parallel_mlp.kernels.warmup import parse_shapes
 from parallel_mlp.launch_graphs import LaunchGraphs
-from parallel_mlp.small_step import applies
 
 # The sweep's GPU-bound steps furthest from the GEMM bound, the headline, and the host-bound
 # steps the fused kernels run (where the GPU's share is a few short kernels).
@@ -67,29 +66,10 @@ def main(argv=None) -> int:
     kept_graphs, kept_pdl = autograd.GRAPHS, ops.pdl_launches()
     try:
         for T, d, h, act in shapes:
-            gated = ACTIVATIONS[act].gated
-            g = torch.Generator(device="cuda").manual_seed(0)
-            w1 = (torch.randn((2 if gated else 1) * h, d, device="cuda", generator=g) * d ** -0.5).bfloat16()
-            w2 = (torch.randn(d, h, device="cuda", generator=g) * h ** -0.5).bfloat16()
-            x = torch.randn(T, d, device="cuda", generator=g).bfloat16().requires_grad_()
-            dy = torch.randn(T, d, device="cuda", generator=g).bfloat16()
-            small = applies(T, d, w1.shape[0], h, d, device_type="cuda", backend="auto", tp_size=1,
-                            recompute=False, fuse_grad_accum=False, compiling=False,
-                            gate_ops=ACTIVATIONS[act].gate is not None, launch_graphs=True)
-            backend = "cute" if small else "auto"
-            ours = build_parallel_mlp(w1, w2, act, h, backend=backend)
-            eager = EagerMLP(chunked_w1(w1, gated), w2.clone(), act)
-            copy = EagerMLP(chunked_w1(w1, gated), w2.clone(), act)
+            ours, eager, copy, x, dy, backend = fused_and_eager(T, d, h, act, launch_graphs=True)
             fns = [lambda: train_step(eager, x, dy), _switched(ours, x, dy, True, LaunchGraphs()),
                    _switched(ours, x, dy, False, LaunchGraphs()), lambda: train_step(copy, x, dy)]
-            for fn in fns:
-                for _ in range(5):
-                    fn()
-            torch.cuda.synchronize()
-            turns = [[] for _ in fns]
-            for r in range(args.rounds):
-                for k in turn_order(len(fns), r):
-                    turns[k].append(statistics.median(settled(hold(lambda i, f=fns[k]: f(), args.hold_s))))
+            turns = held_turns(fns, args.hold_s, args.rounds, warmup=5)
             ms = [statistics.median(t) for t in turns]
             over_eager = [statistics.median(e / o for e, o in zip(turns[0], t)) for t in turns]
             gain = statistics.median(off / on for on, off in zip(turns[1], turns[2]))

@@ -118,12 +118,13 @@ def settled(times: list[float]) -> list[float]:
     return times[int(len(times) * HOLD_SETTLE):] or times
 
 
-def median_ms_held(fns, hold_s=None, rounds=3, warmup=1):
-    """Median times (ms) of several zero-argument CUDA functions, each held: run back to back for
-    `hold_s` in turn, for `rounds` turns. Each then runs at the clock its own power draw allows,
-    as in training, where median_ms_interleaved gives them one shared clock and so compares
-    cycles. A function's time is the median over its turns of each turn's median; the turns'
-    order reverses every round (turn_order). `hold_s` defaults to DEFAULT_HOLD_S."""
+def held_turns(fns, hold_s=None, rounds=3, warmup=1) -> list[list[float]]:
+    """Each of several zero-argument CUDA functions held: run back to back for `hold_s` in turn,
+    for `rounds` turns, after `warmup` untimed calls of each. Each then runs at the clock its own
+    power draw allows, as in training, where median_ms_interleaved gives them one shared clock
+    and so compares cycles. Returns, per function, each turn's median ms (round by round, so
+    that two functions' turns of one round pair up); the turns' order reverses every round
+    (turn_order). `hold_s` defaults to DEFAULT_HOLD_S."""
     hold_s = DEFAULT_HOLD_S if hold_s is None else hold_s
     for _ in range(warmup):
         for fn in fns:
@@ -133,7 +134,13 @@ def median_ms_held(fns, hold_s=None, rounds=3, warmup=1):
     for r in range(rounds):
         for k in turn_order(len(fns), r):
             turns[k].append(statistics.median(settled(hold(lambda i, fn=fns[k]: fn(), hold_s))))
-    return [statistics.median(t) for t in turns]
+    return turns
+
+
+def median_ms_held(fns, hold_s=None, rounds=3, warmup=1):
+    """Median times (ms) of several functions held in turns (held_turns): a function's time is
+    the median over its turns of each turn's median."""
+    return [statistics.median(t) for t in held_turns(fns, hold_s, rounds, warmup)]
 
 
 def graphed(fn: Callable[[], object], calls: int, warmup: int = 2) -> Callable[[], None]:
