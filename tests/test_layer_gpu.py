@@ -6,6 +6,7 @@ import torch
 
 import reference
 from dist_utils import run_distributed
+from layer_steps import mlp_and_batch
 from numerics import assert_design_tolerance
 from parallel_mlp import ParallelMLP
 from parallel_mlp.backends import CuteBackend
@@ -469,16 +470,7 @@ def test_launch_graphs_replay_the_launches_bits(tokens, d, h, activation, backen
     def steps(enabled):
         GRAPHS.clear()
         GRAPHS.enabled = enabled
-        torch.manual_seed(7)
-        mlp = ParallelMLP(d, h, activation=activation, recompute=mode == "recompute",
-                          fuse_grad_accum=mode == "main_grad", backend=backend, device="cuda",
-                          dtype=torch.bfloat16)
-        params = [mlp.fc1.weight, mlp.fc2.weight]
-        for p in params if mode == "main_grad" else ():
-            p.main_grad = torch.zeros(p.shape, dtype=torch.float32, device="cuda")
-        g = torch.Generator(device="cuda").manual_seed(8)
-        x = torch.randn(tokens, d, device="cuda", generator=g).bfloat16().requires_grad_()
-        dy = torch.randn(tokens, d, device="cuda", generator=g).bfloat16()
+        mlp, params, x, dy = mlp_and_batch(tokens, d, h, activation, backend, mode)
         peaks, captures = [], []
         # Plain, captured, then replays: the same function of x, W and dy. A capture can move
         # the next step's addresses (the workspace buffer it makes), so a few steps capture.

@@ -15,7 +15,7 @@ import dataclasses
 import pytest
 import torch
 
-from test_ops_gpu import check, operand, requires_sm90  # same directory: pytest puts it on sys.path
+from test_ops_gpu import check, requires_sm90  # same directory: pytest puts it on sys.path
 from twins import accumulate_twins, act_twins, dact_twins, gemm_twins
 
 pytestmark = [pytest.mark.gpu, requires_sm90]
@@ -209,7 +209,7 @@ def test_the_layers_step_with_pdl_gives_the_bits_without(tokens, d, h, activatio
     """ParallelMLP's fwd+bwd with ops.set_pdl(True), its launch groups captured and replayed, gives
     the bits of the same steps without pdl (y, dx and both weight gradients, fresh or fp32
     main grads accumulated), and every kernel the rule picked ran with pdl."""
-    from parallel_mlp import ParallelMLP
+    from layer_steps import mlp_and_batch  # tests/: conftest puts it on sys.path
     from parallel_mlp.kernels import ops
     from parallel_mlp.launch_graphs import GRAPHS
 
@@ -217,16 +217,7 @@ def test_the_layers_step_with_pdl_gives_the_bits_without(tokens, d, h, activatio
         GRAPHS.clear()
         previous = ops.set_pdl(pdl)
         try:
-            torch.manual_seed(7)
-            mlp = ParallelMLP(d, h, activation=activation, recompute=mode == "recompute",
-                              fuse_grad_accum=mode == "main_grad", backend=backend, device="cuda",
-                              dtype=torch.bfloat16)
-            params = [mlp.fc1.weight, mlp.fc2.weight]
-            for p in params if mode == "main_grad" else ():
-                p.main_grad = torch.zeros(p.shape, dtype=torch.float32, device="cuda")
-            g = torch.Generator(device="cuda").manual_seed(8)
-            x = torch.randn(tokens, d, device="cuda", generator=g).bfloat16().requires_grad_()
-            dy = torch.randn(tokens, d, device="cuda", generator=g).bfloat16()
+            mlp, params, x, dy = mlp_and_batch(tokens, d, h, activation, backend, mode)
             for _ in range(6):  # plain, captured, then replayed
                 for p in params + [x]:
                     p.grad = None
