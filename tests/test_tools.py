@@ -23,7 +23,7 @@ def test_lists_every_step_with_its_command():
     r = run("--list")
     assert r.returncode == 0
     steps = [line.split()[0] for line in r.stdout.splitlines()]
-    assert steps == ["tests_kernels", "tests_layer", "tests_defaults", "tests_all", "streamk", "streamk_fill", "configs_small", "configs_wave", "configs_mid", "configs_long_k", "configs_dact", "configs_swap", "configs_ring", "configs_raster", "tests_epi", "configs_epi", "tests_pdl", "pdl", "short_k_probe", "plain_gemms", "plain_gemms_host", "gemm", "mlp", "sweep", "sweep_ceiling", "sweep_plain_launches", "sweep_below_eager", "sweep_small", "sweep_graphed",
+    assert steps == ["tests_kernels", "tests_layer", "tests_defaults", "tests_all", "streamk", "streamk_fill", "configs_small", "configs_wave", "configs_mid", "configs_long_k", "configs_dact", "configs_swap", "configs_ring", "configs_raster", "tests_epi", "configs_epi", "epi_ab", "tests_pdl", "pdl", "short_k_probe", "plain_gemms", "plain_gemms_host", "gemm", "mlp", "sweep", "sweep_ceiling", "sweep_plain_launches", "sweep_below_eager", "sweep_small", "sweep_graphed",
                      "tp", "tp_sp", "profile", "launch_graphs", "launch_keys", "held_turns", "kernels_vs_quack", "graph_memory", "memory_trace", "small_step_variants", "host_paths", "timing_spread", "host_step",
                      "host_stages", "host_env", "host_phases", "cold", "clock", "full", "ncu", "ncu_dact", "ncu_dact_pingpong", "ncu_smem", "ncu_vs_quack", "ncu_epilogue_gap"]
     # every step the script defines is listed (a step missing from the list still ran, unseen)
@@ -398,6 +398,81 @@ def test_pdl_ab_refuses_bad_shapes_and_needs_a_gpu(monkeypatch, capsys):
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit, match="needs a CUDA GPU"):
             pdl_ab.main(["--shapes", "512:1024:2816:swiglu"])
+
+
+def test_option_ab_replaces_the_fields_in_the_schedule_asked_where_they_stay_valid(monkeypatch):
+    """tools/option_ab.py's rewrite: the fields go into each config of the schedule named (every
+    schedule without one), a config they would make invalid stays as the rule picked it, and the
+    configs changed and met are counted."""
+    monkeypatch.syspath_prepend(str(TOOLS))
+    import option_ab
+
+    from parallel_mlp.kernels.config import GemmConfig
+
+    cooperative = GemmConfig()
+    pingpong = GemmConfig(tile_n=192, consumers="pingpong")
+    stream_k = GemmConfig(stream_k=True)
+    three = option_ab.FieldRewrite({"epi_stages": 3}, "pingpong")
+    assert three(pingpong).epi_stages == 3 and three(cooperative) is cooperative
+    assert three.changed == {pingpong} and three.seen == {pingpong, cooperative}
+    warp = option_ab.FieldRewrite({"epi_store_warp": True})
+    assert warp(cooperative).epi_store_warp and warp(pingpong).epi_store_warp
+    assert warp(stream_k) is stream_k  # the store warp walks whole tiles only
+    assert warp.changed == {cooperative, pingpong}
+    rule = option_ab.FieldRewrite({})
+    assert rule(pingpong) is pingpong and not rule.changed
+
+
+def test_option_ab_steps_launch_the_rewritten_configs_and_the_rules(monkeypatch):
+    """Each of option_ab's variants runs the layer's step under its own rewrite: the option's
+    launches carry its fields, the baseline's the rule's configs (kernels stubbed out, on the
+    CPU)."""
+    monkeypatch.syspath_prepend(str(TOOLS))
+    import option_ab
+
+    from parallel_mlp import ParallelMLP
+    from parallel_mlp.bench.host_stub import launch_groups, stubbed_kernels
+    from parallel_mlp.kernels import compile as kcompile
+    from parallel_mlp.kernels import ops
+
+    launched = []
+
+    class Recorder:
+        def __init__(self, key):
+            self.key = key
+
+        def run_compiled_program(self, args):
+            launched.append(self.key.config)
+
+    with stubbed_kernels(), launch_groups(replayed=False):
+        monkeypatch.setattr(kcompile, "get_kernel", lambda key, use_disk=True: Recorder(key))
+        mlp = ParallelMLP(64, 96, activation="swiglu", backend="cute", dtype=torch.bfloat16)
+        x = torch.randn(32, 64, dtype=torch.bfloat16, requires_grad=True)
+        dy = torch.randn(32, 64, dtype=torch.bfloat16)
+        option = option_ab.FieldRewrite({"epi_stages": 3})
+        option_ab._rewritten(mlp, x, dy, option)()
+        assert len(launched) == 6 and all(c.epi_stages == 3 for c in launched)
+        assert option.changed == option.seen and ops._config_rewrite is None
+        launched.clear()
+        rule = option_ab.FieldRewrite({})
+        option_ab._rewritten(mlp, x, dy, rule)()
+        assert len(launched) == 6 and all(c.epi_stages == 2 for c in launched)
+        assert rule.seen == option.seen and not rule.changed
+
+
+def test_option_ab_refuses_bad_fields_and_shapes_and_needs_a_gpu(monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(TOOLS))
+    import option_ab
+
+    with pytest.raises(SystemExit):
+        option_ab.main(["--also", "epi_stages"])
+    assert "is not FIELD=VALUE" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        option_ab.main(["--also", "epi_stages=3", "--shapes", "8192:4096"])
+    assert "expected T:d:h:activation" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+            option_ab.main(["--also", "epi_stages=3", "--shapes", "512:1024:2816:swiglu"])
 
 
 def test_step_memory_trace_marks_the_peak_of_what_the_step_asks_for(monkeypatch):
