@@ -124,7 +124,7 @@ class NanotronParallelMLP(nn.Module):
         self.tp_comm_overlap = tp_comm_overlap
         hidden, inter = config.hidden_size, config.intermediate_size
         require_divisible("intermediate_size", inter, self.tp.size)
-        n, r, p = inter // self.tp.size, self.tp.rank, self.tp.size
+        n, r = inter // self.tp.size, self.tp.rank
         self.hidden_size, self.intermediate_size = hidden, inter
         kw = dict(device=device, dtype=dtype)
 
