@@ -77,9 +77,6 @@ def test_pytest_shards_runs_every_test_once_and_fails_if_one_shard_fails(tmp_pat
     def shards(bad):
         for f in marks.iterdir():
             f.unlink()
-        import os
-        import sys
-
         return subprocess.run(
             [sys.executable, str(TOOLS / "pytest_shards.py"), "3", "-q", "-p", "no:cacheprovider", str(tests)],
             capture_output=True, text=True, timeout=120, cwd=tmp_path, env={**os.environ, **env, "BAD": bad},
@@ -107,8 +104,6 @@ def test_pytest_shards_kills_a_shard_past_its_deadline_and_the_others_still_repo
     )
     pids = tmp_path / "pids"
     pids.mkdir()
-    import os
-    import sys
     import time
 
     t0 = time.time()
