@@ -1,6 +1,7 @@
 """tools/gpu_run.sh, the one-call GPU check: its step list and its refusal of unknown steps (the
 steps themselves need a GPU)."""
 
+import contextlib
 import itertools
 import os
 import re
@@ -338,17 +339,38 @@ def test_launch_graphs_ab_says_what_it_times():
     assert "--hold-s" in r.stdout and "launch groups" in r.stdout
 
 
-def test_pdl_ab_switches_the_kernels_and_the_launch_graphs_with_each_step(monkeypatch):
-    """tools/pdl_ab.py's two variants of one module: each step sets pdl as its variant says and
-    runs through its own launch graphs, so that neither replays the other's captures (kernels
-    stubbed out, on the CPU)."""
+def test_the_step_ab_tools_pair_each_way_with_eager_and_the_other_way_round_by_round(monkeypatch):
+    """launch_graphs_ab.eager_two_ways_copy, which pdl_ab and option_ab time with too: medians of
+    the held turns, each variant's ratio to eager and the first way's gain over the second, all
+    paired within a round, never across rounds."""
     monkeypatch.syspath_prepend(str(TOOLS))
-    import pdl_ab
+    import launch_graphs_ab
 
-    from parallel_mlp import ParallelMLP, autograd
+    # ms per round: eager, way A, way B, eager's copy; round 2 runs everything twice as slow
+    turns = [[1.0, 2.0, 1.1], [0.5, 1.2, 0.55], [0.6, 1.0, 0.66], [1.0, 2.0, 1.0]]
+    asked = []
+
+    def held(fns, hold_s, rounds, warmup):
+        asked.append((len(fns), hold_s, rounds, warmup))
+        return turns
+
+    monkeypatch.setattr(launch_graphs_ab, "held_turns", held)
+    ms, over_eager, gain = launch_graphs_ab.eager_two_ways_copy([None] * 4, 0.4, 3)
+    assert asked == [(4, 0.4, 3, 5)]
+    assert ms == [1.1, 0.55, 0.66, 1.0]
+    assert over_eager[0] == 1.0 and over_eager[1] == pytest.approx(2.0)
+    assert over_eager[2] == pytest.approx(1.0 / 0.6) and over_eager[3] == pytest.approx(1.0)
+    assert gain == pytest.approx(1.2)  # B's turn over A's in each round: 1.2, 0.833, 1.2
+
+
+@contextlib.contextmanager
+def _stubbed_swiglu_layer(monkeypatch):
+    """A small swiglu ParallelMLP on the cute backend with its kernels stubbed out (on the CPU)
+    and its launch groups run, never replayed: yields (mlp, x, dy, the groups, the list each
+    launch appends its kernel's GemmConfig to)."""
+    from parallel_mlp import ParallelMLP
     from parallel_mlp.bench.host_stub import launch_groups, stubbed_kernels
     from parallel_mlp.kernels import compile as kcompile
-    from parallel_mlp.kernels import ops
 
     launched = []
 
@@ -357,15 +379,29 @@ def test_pdl_ab_switches_the_kernels_and_the_launch_graphs_with_each_step(monkey
             self.key = key
 
         def run_compiled_program(self, args):
-            launched.append(self.key.config.pdl)
+            launched.append(self.key.config)
+
+    with stubbed_kernels(), launch_groups(replayed=False) as groups:
+        monkeypatch.setattr(kcompile, "get_kernel", lambda key, use_disk=True: Recorder(key))
+        mlp = ParallelMLP(64, 96, activation="swiglu", backend="cute", dtype=torch.bfloat16)
+        x = torch.randn(32, 64, dtype=torch.bfloat16, requires_grad=True)
+        dy = torch.randn(32, 64, dtype=torch.bfloat16)
+        yield mlp, x, dy, groups, launched
+
+
+def test_pdl_ab_switches_the_kernels_and_the_launch_graphs_with_each_step(monkeypatch):
+    """tools/pdl_ab.py's two variants of one module: each step sets pdl as its variant says and
+    runs through its own launch graphs, so that neither replays the other's captures (kernels
+    stubbed out, on the CPU)."""
+    monkeypatch.syspath_prepend(str(TOOLS))
+    import pdl_ab
+
+    from parallel_mlp import autograd
+    from parallel_mlp.kernels import ops
 
     kept_graphs, kept_pdl = autograd.GRAPHS, ops.pdl_launches()
     try:
-        with stubbed_kernels(), launch_groups(replayed=False) as groups:
-            monkeypatch.setattr(kcompile, "get_kernel", lambda key, use_disk=True: Recorder(key))
-            mlp = ParallelMLP(64, 96, activation="swiglu", backend="cute", dtype=torch.bfloat16)
-            x = torch.randn(32, 64, dtype=torch.bfloat16, requires_grad=True)
-            dy = torch.randn(32, 64, dtype=torch.bfloat16)
+        with _stubbed_swiglu_layer(monkeypatch) as (mlp, x, dy, groups, launched):
             other = type(groups)(capture=lambda launches, device: None, replay=lambda graph, launches: None,
                                  capturing=lambda: False)
             other.enabled = True  # a first sighting of each key: its launches run
@@ -373,11 +409,11 @@ def test_pdl_ab_switches_the_kernels_and_the_launch_graphs_with_each_step(monkey
             off = pdl_ab._switched(mlp, x, dy, False, other)
             on()
             assert ops.pdl_launches() and autograd.GRAPHS is groups
-            assert launched and all(launched)
+            assert launched and all(c.pdl for c in launched)
             launched.clear()
             off()
             assert not ops.pdl_launches() and autograd.GRAPHS is other
-            assert launched and not any(launched)
+            assert launched and not any(c.pdl for c in launched)
     finally:
         autograd.GRAPHS = kept_graphs
         ops.set_pdl(kept_pdl)
@@ -425,25 +461,9 @@ def test_option_ab_steps_launch_the_rewritten_configs_and_the_rules(monkeypatch)
     monkeypatch.syspath_prepend(str(TOOLS))
     import option_ab
 
-    from parallel_mlp import ParallelMLP
-    from parallel_mlp.bench.host_stub import launch_groups, stubbed_kernels
-    from parallel_mlp.kernels import compile as kcompile
     from parallel_mlp.kernels import ops
 
-    launched = []
-
-    class Recorder:
-        def __init__(self, key):
-            self.key = key
-
-        def run_compiled_program(self, args):
-            launched.append(self.key.config)
-
-    with stubbed_kernels(), launch_groups(replayed=False):
-        monkeypatch.setattr(kcompile, "get_kernel", lambda key, use_disk=True: Recorder(key))
-        mlp = ParallelMLP(64, 96, activation="swiglu", backend="cute", dtype=torch.bfloat16)
-        x = torch.randn(32, 64, dtype=torch.bfloat16, requires_grad=True)
-        dy = torch.randn(32, 64, dtype=torch.bfloat16)
+    with _stubbed_swiglu_layer(monkeypatch) as (mlp, x, dy, _, launched):
         option = option_ab.FieldRewrite({"epi_stages": 3})
         option_ab._rewritten(mlp, x, dy, option)()
         assert len(launched) == 6 and all(c.epi_stages == 3 for c in launched)

@@ -54,6 +54,28 @@ def fused_and_eager(T: int, d: int, h: int, act: str, launch_graphs: bool):
     return ours, eager, copy, x, dy, backend
 
 
+def device_and_host_line(hold_s: float, rounds: int) -> str:
+    """The run's first line: the GPU, the host's speed (a tiny eager step's host time, the sweep's
+    probe) and the timing."""
+    ctx = Ctx(device=torch.device("cuda"), dtype=torch.bfloat16, tokens=0, d_model=0, configs=[],
+              iters=10, warmup=3, backend="auto", deadline=float("inf"), hold_s=hold_s,
+              rounds=rounds, quiet=True)
+    return (f"{torch.cuda.get_device_name()}; host probe {host_probe_us(ctx):.0f} µs "
+            f"(a tiny eager step's host time); held {hold_s} s x {rounds} turns")
+
+
+def eager_two_ways_copy(fns, hold_s: float, rounds: int):
+    """``fns``: eager, the step one way, the same step the other way, eager's second copy, held in
+    alternating turns as the sweep holds them. Returns each one's median ms, each one's ratio to
+    eager (the median of the rounds' paired ratios) and the first way's gain over the second
+    (the median of the second's turn over the first's in the same round)."""
+    turns = held_turns(fns, hold_s, rounds, warmup=5)
+    ms = [statistics.median(t) for t in turns]
+    over_eager = [statistics.median(e / o for e, o in zip(turns[0], t)) for t in turns]
+    gain = statistics.median(second / first for first, second in zip(turns[1], turns[2]))
+    return ms, over_eager, gain
+
+
 def _switched(model, x, dy, enabled: bool):
     def step():
         GRAPHS.enabled = enabled
@@ -66,11 +88,7 @@ def main(argv=None) -> int:
     p.add_argument("--hold-s", type=float, default=0.3)
     p.add_argument("--rounds", type=int, default=6)
     args = p.parse_args(argv)
-    ctx = Ctx(device=torch.device("cuda"), dtype=torch.bfloat16, tokens=0, d_model=0, configs=[],
-              iters=10, warmup=3, backend="auto", deadline=float("inf"), hold_s=args.hold_s,
-              rounds=args.rounds, quiet=True)
-    print(f"{torch.cuda.get_device_name()}; host probe {host_probe_us(ctx):.0f} µs "
-          f"(a tiny eager step's host time); held {args.hold_s} s x {args.rounds} turns")
+    print(device_and_host_line(args.hold_s, args.rounds))
     print(f"{'shape':38s} {'path':5s} {'eager ms':>9s} {'graphs':>8s} {'plain':>8s} "
           f"{'copy':>8s} {'g/eager':>8s} {'p/eager':>8s} {'g/p':>6s}  host µs: graphs plain eager")
     for T, d, h, act in SHAPES:
@@ -78,10 +96,7 @@ def main(argv=None) -> int:
         fns = [lambda: train_step(eager, x, dy), _switched(ours, x, dy, True),
                _switched(ours, x, dy, False), lambda: train_step(copy, x, dy)]
         GRAPHS.clear()
-        turns = held_turns(fns, args.hold_s, args.rounds, warmup=5)
-        ms = [statistics.median(t) for t in turns]
-        paired = [statistics.median(e / o for e, o in zip(turns[0], t)) for t in turns]
-        g_over_p = statistics.median(p_ / g_ for g_, p_ in zip(turns[1], turns[2]))
+        ms, paired, g_over_p = eager_two_ways_copy(fns, args.hold_s, args.rounds)
         host = [host_us_per_call(fns[k], calls=100) for k in (1, 2, 0)]
         GRAPHS.enabled = True
         label = f"T={T} d={d} {act} h={h}"

@@ -24,15 +24,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
 
 import torch
 
-from launch_graphs_ab import fused_and_eager  # same folder: its step's models, built alike
-from parallel_mlp.bench.harness import Ctx
+from launch_graphs_ab import (  # same folder: its step's models and timing, alike
+    device_and_host_line, eager_two_ways_copy, fused_and_eager)
 from parallel_mlp.bench.models import train_step
-from parallel_mlp.bench.sweep import host_probe_us
-from parallel_mlp.bench.timing import held_turns
 from parallel_mlp.kernels import ops
 from parallel_mlp.kernels.config import parse_fields
 from parallel_mlp.kernels.warmup import parse_shapes
@@ -90,13 +87,9 @@ def main(argv=None) -> int:
         p.error(str(e))
     if not torch.cuda.is_available():
         raise SystemExit("option_ab.py needs a CUDA GPU")
-    ctx = Ctx(device=torch.device("cuda"), dtype=torch.bfloat16, tokens=0, d_model=0, configs=[],
-              iters=10, warmup=3, backend="auto", deadline=float("inf"), hold_s=args.hold_s,
-              rounds=args.rounds, quiet=True)
     where = f" in the {args.consumers} configs" if args.consumers else ""
-    print(f"{torch.cuda.get_device_name()}; {args.also}{where} against the rule's configs, both "
-          f"launched kernel by kernel; host probe {host_probe_us(ctx):.0f} µs; held "
-          f"{args.hold_s} s x {args.rounds} turns")
+    print(device_and_host_line(args.hold_s, args.rounds))
+    print(f"{args.also}{where} against the rule's configs, both launched kernel by kernel")
     print(f"{'shape':38s} {'eager ms':>9s} {'option':>8s} {'rule':>8s} {'copy':>8s} "
           f"{'opt/eager':>9s} {'rule/eager':>10s} {'gain':>7s} {'configs changed':>15s}")
     for T, d, h, act in shapes:
@@ -104,10 +97,7 @@ def main(argv=None) -> int:
         option, rule = FieldRewrite(fields, args.consumers), FieldRewrite({})
         fns = [lambda: train_step(eager, x, dy), _rewritten(ours, x, dy, option),
                _rewritten(ours, x, dy, rule), lambda: train_step(copy, x, dy)]
-        turns = held_turns(fns, args.hold_s, args.rounds, warmup=5)
-        ms = [statistics.median(t) for t in turns]
-        over_eager = [statistics.median(e / o for e, o in zip(turns[0], t)) for t in turns]
-        gain = statistics.median(r / o for o, r in zip(turns[1], turns[2]))
+        ms, over_eager, gain = eager_two_ways_copy(fns, args.hold_s, args.rounds)
         label = f"T={T} d={d} {act} h={h}"
         changed = f"{len(option.changed)} of {len(option.seen)}"
         print(f"{label:38s} {ms[0]:9.3f} {ms[1]:8.3f} {ms[2]:8.3f} {ms[3]:8.3f} "

@@ -15,16 +15,13 @@ its CTAs' setup, overlapped with the SMs' last tiles of the kernel before it.
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 
-from launch_graphs_ab import fused_and_eager  # same folder: its step's models, built alike
+from launch_graphs_ab import (  # same folder: its step's models and timing, alike
+    device_and_host_line, eager_two_ways_copy, fused_and_eager)
 from parallel_mlp import autograd
-from parallel_mlp.bench.harness import Ctx
 from parallel_mlp.bench.models import train_step
-from parallel_mlp.bench.sweep import host_probe_us
-from parallel_mlp.bench.timing import held_turns
 from parallel_mlp.kernels import ops
 from parallel_mlp.kernels.warmup import parse_shapes
 from parallel_mlp.launch_graphs import LaunchGraphs
@@ -56,11 +53,7 @@ def main(argv=None) -> int:
         p.error(str(e))
     if not torch.cuda.is_available():
         raise SystemExit("pdl_ab.py needs a CUDA GPU")
-    ctx = Ctx(device=torch.device("cuda"), dtype=torch.bfloat16, tokens=0, d_model=0, configs=[],
-              iters=10, warmup=3, backend="auto", deadline=float("inf"), hold_s=args.hold_s,
-              rounds=args.rounds, quiet=True)
-    print(f"{torch.cuda.get_device_name()}; host probe {host_probe_us(ctx):.0f} µs "
-          f"(a tiny eager step's host time); held {args.hold_s} s x {args.rounds} turns")
+    print(device_and_host_line(args.hold_s, args.rounds))
     print(f"{'shape':38s} {'path':5s} {'eager ms':>9s} {'pdl':>8s} {'no pdl':>8s} {'copy':>8s} "
           f"{'pdl/eager':>9s} {'off/eager':>9s} {'pdl gain':>8s}")
     kept_graphs, kept_pdl = autograd.GRAPHS, ops.pdl_launches()
@@ -69,10 +62,7 @@ def main(argv=None) -> int:
             ours, eager, copy, x, dy, backend = fused_and_eager(T, d, h, act, launch_graphs=True)
             fns = [lambda: train_step(eager, x, dy), _switched(ours, x, dy, True, LaunchGraphs()),
                    _switched(ours, x, dy, False, LaunchGraphs()), lambda: train_step(copy, x, dy)]
-            turns = held_turns(fns, args.hold_s, args.rounds, warmup=5)
-            ms = [statistics.median(t) for t in turns]
-            over_eager = [statistics.median(e / o for e, o in zip(turns[0], t)) for t in turns]
-            gain = statistics.median(off / on for on, off in zip(turns[1], turns[2]))
+            ms, over_eager, gain = eager_two_ways_copy(fns, args.hold_s, args.rounds)
             label = f"T={T} d={d} {act} h={h}"
             print(f"{label:38s} {backend:5s} {ms[0]:9.3f} {ms[1]:8.3f} {ms[2]:8.3f} {ms[3]:8.3f} "
                   f"{over_eager[1]:8.3f}x {over_eager[2]:8.3f}x {gain:7.3f}x", flush=True)
