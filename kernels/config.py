@@ -171,22 +171,6 @@ class GemmConfig:
     # A/B stages beside it, or a second preact slot per pingpong warpgroup), at twice the
     # subtiles (TMA stores and barriers) per tile.
     epi_n: int = 32
-    # Shared-memory buffers per epilogue output channel. 2: after issuing a subtile's TMA stores
-    # the store warp waits until the previous subtile's stores have read their buffer, and a
-    # second barrier per subtile tells the other warps that the buffer they write next is free.
-    # 3: the same wait frees the buffer two subtiles ahead, so the next subtile's one barrier
-    # carries the news and each subtile needs a single barrier (one more buffer of each output
-    # channel in shared memory). The epilogue is latency, not bandwidth, where it is not hidden
-    # (kernels/NOTES.md, "Open problems"): each barrier lines every consumer warp up behind the
-    # slowest.
-    epi_stages: int = 2
-    # The epilogue's TMA stores (and the dact's preact loads) are issued by a warp of the
-    # producer warpgroup, idle otherwise, instead of a consumer warp. The consumer warps then never
-    # wait for each other in an epilogue: each arrives at its subtile's buffer mbarrier and goes
-    # on, and waits only for the buffer it writes next, freed by the store warp epi_stages - 1
-    # subtiles earlier; a pingpong warpgroup no longer drains its stores before handing the
-    # buffers over. Static scheduler, whole tiles.
-    epi_store_warp: bool = False
     # Programmatic dependent launch: the kernel is launched with programmatic stream
     # serialization allowed, so its CTAs may start while the kernel before it on the stream is
     # still running; each CTA sets up its shared memory, barriers and cluster, then waits
@@ -223,8 +207,7 @@ class GemmConfig:
     serpentine: bool = False
 
     def __post_init__(self):
-        for name in ("l2_prefetch", "stream_k", "dact_pair_swap", "serpentine", "epi_store_warp",
-                     "pdl"):
+        for name in ("l2_prefetch", "stream_k", "dact_pair_swap", "serpentine", "pdl"):
             # a string such as "no" would otherwise switch the option on without a word
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be True or False")
@@ -293,13 +276,6 @@ class GemmConfig:
             raise ValueError(f"cache_hints={self.cache_hints!r}: must be one of {sorted(CACHE_HINTS)}")
         if self.epi_n not in (16, 32):
             raise ValueError(f"epi_n={self.epi_n}: must be 16 or 32")
-        if self.epi_stages not in (2, 3):
-            raise ValueError(f"epi_stages={self.epi_stages}: must be 2 or 3")
-        if self.epi_store_warp and (self.scheduler, self.stream_k) != ("static", False):
-            raise ValueError(
-                f"epi_store_warp=True with scheduler={self.scheduler!r}, stream_k={self.stream_k}: the "
-                "store warp walks the static sequence of whole tiles (scheduler='static', stream_k=False)"
-            )
         if not 2 <= self.max_stages <= 8:
             raise ValueError(f"max_stages={self.max_stages}: must be 2 to 8")
         if self.dact_prefetch not in (1, 2, 3):
@@ -321,8 +297,6 @@ class GemmConfig:
         l2 = "_l2pf" if self.l2_prefetch else ""
         st = "" if self.max_stages == 8 else f"_st{self.max_stages}"
         st += "" if self.epi_n == 32 else f"_e{self.epi_n}"
-        st += "" if self.epi_stages == 2 else f"_es{self.epi_stages}"
-        st += "_sw" if self.epi_store_warp else ""
         st += "" if self.cache_hints == "normal" else f"_l2{self.cache_hints}"
         st += "_sk" if self.stream_k else ""
         st += "" if self.dact_pair_swap else "_nops"

@@ -6,13 +6,12 @@ memory, stmatrix writes the accumulator-shaped ones, and TMA stores send every c
 subtile to global memory; the dact's preact arrives by TMA load into a ring of subtile slots.
 This module is that choreography: the per-thread copies and TMA views (`_epilogue_setup`,
 `_tma_views`), the gated dact's shared-memory pair swap (`_pair_swap`), the preact loads
-(`_load_preact`), one tile's subtiles with their buffers, barriers and waits
-(`_epilogue_tile`), and, with config.epi_store_warp, the producer warpgroup's store warp that
-issues the stores and loads in the consumers' place (`_store_warp`).
+(`_load_preact`), and one tile's subtiles with their buffers, barriers and waits
+(`_epilogue_tile`).
 
 `EpiloguePipelineSm90` holds no state of its own: PersistentGemmSm90 inherits it and sets what
-its methods read (the config, tile shape, channel widths and layouts, the preact ring's shape,
-out_stages and the store-warp switch) in its constructor and while tracing.
+its methods read (the config, tile shape, channel widths and layouts, the preact ring's shape)
+in its constructor and while tracing.
 """
 
 from __future__ import annotations
@@ -21,11 +20,9 @@ from types import SimpleNamespace
 
 import cutlass
 import cutlass.cute as cute
-import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 
-from . import tile_scheduler
 from .config import CACHE_HINTS
 
 try:  # moved in 4.8; the old spelling still works with a deprecation warning
@@ -36,8 +33,13 @@ except ImportError:  # pragma: no cover
 # The TMA store pipeline's stages: its acquire waits until one store group (this subtile's) is in
 # flight, i.e. the previous subtile's stores have read shared memory, whatever the buffer count.
 STORE_WINDOW = 2
-# config.epi_store_warp: warp 1 of the producer warpgroup issues the epilogue's TMA stores.
-EPI_STORE_WARP = 1
+# Shared-memory buffers per epilogue output channel. After issuing a subtile's TMA stores the
+# store warp waits until the previous subtile's stores have read their buffer (the one written
+# next), and a second barrier per subtile tells the other warps so. A third buffer, which lets
+# that wait free the buffer two subtiles ahead and each subtile run one barrier, and a producer
+# warp issuing the stores in the consumers' place were built and measured: neither shortened a
+# whole step (kernels/NOTES.md, "Tried and rejected").
+OUT_STAGES = 2
 
 
 class EpiloguePipelineSm90:
@@ -45,7 +47,7 @@ class EpiloguePipelineSm90:
 
     def _epilogue_setup(
         self, tiled_mma, thr_idx, acc, sD, sP, sH, sX, sL,
-        tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, l_mbar, epi_mbar, copy_order=None,
+        tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, l_mbar, copy_order=None,
     ):
         """Everything the epilogue needs that does not change from tile to tile, for the
         consumer thread `thr_idx` of the MMA (a namespace, built once before the tile loop):
@@ -55,7 +57,7 @@ class EpiloguePipelineSm90:
         walks the accumulators in the copy's order (pingpong, and the 256-row cooperative tile);
         it runs after the accumulators are retiled and before the smem partitions are made."""
         row = LayoutEnum.ROW_MAJOR
-        ep = self._tma_views(sD, sP, sH, sX, sL, tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, l_mbar, epi_mbar)
+        ep = self._tma_views(sD, sP, sH, sX, sL, tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, l_mbar)
         c_atom_d = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.d_dtype)
         ep.r2s_d = cute.make_tiled_copy_S(
             sm90_utils.get_smem_store_op(row, self.d_dtype, self.acc_dtype),
@@ -93,14 +95,12 @@ class EpiloguePipelineSm90:
             self.epilogue.pair_swap = self._pair_swap(tiled_mma, ep.r2s_d, copy_order is not None, ep.S)
         return ep
 
-    def _tma_views(self, sD, sP, sH, sX, sL, tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, l_mbar, epi_mbar):
+    def _tma_views(self, sD, sP, sH, sX, sL, tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, l_mbar):
         """What issuing the epilogue's TMA copies takes (a namespace): every channel's atom and
         its (TMA, subtiles_m, subtiles_n, 1) views of the global tensor and the smem buffers;
         subtile (i, j) of a channel covers the same accumulator columns for every channel width.
-        In place, dpreact (channel X if gated, else D) leaves from the preact ring. With the
-        store warp apart, epi_mbar holds the output buffers' full and then empty mbarriers."""
-        ep = SimpleNamespace(tma={"D": tma_d, "P": tma_p, "H": tma_h, "X": tma_x, "L": tma_l}, l_mbar=l_mbar,
-                             epi_mbar=epi_mbar)
+        In place, dpreact (channel X if gated, else D) leaves from the preact ring."""
+        ep = SimpleNamespace(tma={"D": tma_d, "P": tma_p, "H": tma_h, "X": tma_x, "L": tma_l}, l_mbar=l_mbar)
         ep.sH, ep.sX, ep.sL = sH, sX, sL
         ep.smem, ep.gmem = {}, {}
         for c, mT, sT in (("D", mD, sD), ("P", mP, sP), ("H", mH, sH), ("X", mX, sX), ("L", mL, sL)):
@@ -161,7 +161,7 @@ class EpiloguePipelineSm90:
     @cute.jit
     def _epilogue_tile(
         self, ep, tc, acc_of, cT, cG, count, wg, is_store_warp, epi_barrier, store_pipeline, mBias, n_size,
-        S: cutlass.Constexpr, buffer_by_count: cutlass.Constexpr, drain_last: cutlass.Constexpr, out_base=None,
+        S: cutlass.Constexpr, buffer_by_count: cutlass.Constexpr, drain_last: cutlass.Constexpr,
     ):
         """One tile's epilogue, epi_n accumulator columns (one subtile) at a time; returns the
         subtile count advanced by the tile's subtiles.
@@ -172,37 +172,29 @@ class EpiloguePipelineSm90:
         accumulators (value v of subtile e is register acc_of[e * S + v], at tile coordinates
         cT and problem coordinates cG), run the variant's `visit`, write the acc-shaped outputs
         by stmatrix, then the store warp sends every channel's smem subtile out by TMA and waits
-        until the store issued one subtile earlier has read its buffer. With two buffers that is
-        the buffer written next, and a second barrier passes the news on; with three it is the
-        buffer written two subtiles on, and the next subtile's barrier passes it on.
+        until the store issued one subtile earlier has read its buffer, the buffer written next,
+        and a second barrier passes the news on (OUT_STAGES).
         S is the number of accumulator values per subtile (a compile-time constant).
         `count` numbers this thread group's subtiles: it picks the preact slot and its
-        phase, and the output buffer when `buffer_by_count` (else buffer e % out_stages, for
+        phase, and the output buffer when `buffer_by_count` (else buffer e % OUT_STAGES, for
         epilogues that start drained); `drain_last` waits for all stores at the last subtile
-        instead. With the store warp apart (config.epi_store_warp) the thread group issues no
-        store: `out_base`, the CTA's subtile count at this tile, picks each subtile's buffer and
-        its full and empty mbarriers' phases (_store_warp).
+        instead.
         """
         has = {c: self.ch_width[c] > 0 for c in self.ch_width}
         w = self.epi_tile[1]
         num_sub = self.tile_shape_mnk[1] // w
-        n_buf = self.out_stages
+        n_buf = OUT_STAGES
         for e in cutlass.range_constexpr(num_sub):
-            if cutlass.const_expr(self.store_warp_apart):
-                buf = (out_base + e) % n_buf
-            elif cutlass.const_expr(buffer_by_count):
+            if cutlass.const_expr(buffer_by_count):
                 buf = count % n_buf
             else:
                 buf = e % n_buf
             lslot = wg * self.l_ring + count % self.l_ring
             if cutlass.const_expr(has["L"]):
-                if cutlass.const_expr(not self.dpre_in_place and e + 1 < num_sub and not self.store_warp_apart):
+                if cutlass.const_expr(not self.dpre_in_place and e + 1 < num_sub):
                     if is_store_warp:
                         self._load_preact(ep, tc, e + 1, count + 1, wg)
                 cute.arch.mbarrier_wait(ep.l_mbar + lslot, (count // self.l_ring) % 2)
-            if cutlass.const_expr(self.store_warp_apart):
-                # Buffer `buf` is free once the store warp has seen its last stores read it.
-                cute.arch.mbarrier_wait(ep.epi_mbar + n_buf + buf, ((out_base + e) // n_buf) % 2)
             for v in cutlass.range_constexpr(S):
                 ep.rAcc[v] = ep.tRS_acc[acc_of[e * S + v]]
             self.epilogue.visit(
@@ -223,22 +215,13 @@ class EpiloguePipelineSm90:
                 cute.copy(ep.r2s_p, ep.rP_out, ep.tRS_sP[(None, None, None, buf)])
             # smem written by the generic proxy, read next by the TMA (async proxy).
             cute.arch.fence_proxy("async.shared", space="cta")
-            if cutlass.const_expr(self.store_warp_apart):
-                # Hand the subtile to the store warp and go on: one arrival per warp, once all
-                # its lanes have written and fenced.
-                cute.arch.sync_warp()
-                if cute.arch.lane_idx() == 0:
-                    cute.arch.mbarrier_arrive(ep.epi_mbar + buf)
-            else:
-                epi_barrier.arrive_and_wait()
-            if cutlass.const_expr(not self.store_warp_apart):
-                if is_store_warp:
-                    self._store_subtile(ep, tc, e, buf, lslot)
-                    store_pipeline.producer_commit()
-                    self._wait_subtile_stores(ep, tc, e, count, wg, store_pipeline, drain_last)
-                    self._refill_preact(ep, tc, e, count, wg)
-            if cutlass.const_expr(not self.single_barrier and not self.store_warp_apart):
-                epi_barrier.arrive_and_wait()
+            epi_barrier.arrive_and_wait()
+            if is_store_warp:
+                self._store_subtile(ep, tc, e, buf, lslot)
+                store_pipeline.producer_commit()
+                self._wait_subtile_stores(ep, tc, e, count, wg, store_pipeline, drain_last)
+                self._refill_preact(ep, tc, e, count, wg)
+            epi_barrier.arrive_and_wait()
             count += 1
         return count
 
@@ -287,75 +270,6 @@ class EpiloguePipelineSm90:
             elif cutlass.const_expr(self.ch_width[c] > 0):
                 cute.copy(ep.tma[c], ep.smem[c][(None, buf)], ep.gmem[c][(None, sm, sn, 0)],
                           cache_policy=self._policy(2))
-
-    @cute.jit
-    def _store_warp(self, ep, sched_params):
-        """config.epi_store_warp: the producer warpgroup's warp EPI_STORE_WARP walks the CTA's
-        tiles in order (pingpong: tile j is warpgroup j % 2's) and issues every subtile's TMA
-        stores and the dact's preact loads in the consumers' place.
-
-        Per subtile (c-th of the CTA, buffer c % N with N = epi_stages): wait at the buffer's
-        full mbarrier for the consumer warps that wrote it, issue its stores, wait until the
-        previous subtile's stores have read shared memory and arrive at the empty mbarrier of
-        that buffer, which its writers wait at before writing it again, at subtile c + N - 1. The
-        first N - 1 buffers start empty. Preact: a cooperative tile's first subtiles load as its
-        epilogue starts (their slots' stores read by then), and the ring refills as the
-        consumers' store warp would refill it; a pingpong warpgroup's next tile loads its ring
-        as the store warp takes the other warpgroup's tile, once this tile's stores have read
-        it, which is when that warpgroup's mainloop starts."""
-        tn = self.tile_shape_mnk[1]
-        num_sub = tn // self.epi_tile[1]
-        n_buf = self.out_stages
-        has_l = self.ch_width["L"] > 0
-        first_loads = min(self.l_ring if self.pingpong else self.l_ahead, num_sub)
-        store_pipeline = pipeline.PipelineTmaStore.create(
-            num_stages=STORE_WINDOW, producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32),
-        )
-        for b in cutlass.range_constexpr(n_buf - 1):
-            with cute.arch.elect_one():
-                cute.arch.mbarrier_arrive(ep.epi_mbar + n_buf + b)
-        sched = tile_scheduler.create(sched_params)
-        work = sched.initial_work_tile_info()
-        if cutlass.const_expr(has_l and self.pingpong):
-            if work.is_valid_tile:
-                for i in cutlass.range_constexpr(first_loads):
-                    self._load_preact(ep, work.tile_idx, i, i, 0)
-        count = cutlass.Int32(0)  # the CTA's subtiles so far
-        tile_ordinal = cutlass.Int32(0)
-        while work.is_valid_tile:
-            tc = work.tile_idx
-            sched.advance_to_next_work()
-            next_work = sched.get_current_work()
-            wg = tile_ordinal % 2 if cutlass.const_expr(self.pingpong) else 0
-            # the tile's warpgroup's preact subtiles before this tile
-            l_base = (tile_ordinal // 2) * num_sub if cutlass.const_expr(self.pingpong) else count
-            if cutlass.const_expr(has_l and not self.pingpong):
-                for i in cutlass.range_constexpr(first_loads):
-                    self._load_preact(ep, tc, i, l_base + i, 0)
-            for e in cutlass.range_constexpr(num_sub):
-                buf = count % n_buf
-                lslot = wg * self.l_ring + (l_base + e) % self.l_ring
-                if cutlass.const_expr(has_l and not self.dpre_in_place and e + 1 < num_sub):
-                    # Two slots: the next subtile's goes where the consumers finished reading
-                    # (their arrival at the last subtile's full mbarrier).
-                    self._load_preact(ep, tc, e + 1, l_base + e + 1, wg)
-                cute.arch.mbarrier_wait(ep.epi_mbar + buf, (count // n_buf) % 2)
-                self._store_subtile(ep, tc, e, buf, lslot)
-                store_pipeline.producer_commit()
-                self._wait_subtile_stores(ep, tc, e, l_base + e, wg, store_pipeline, False)
-                with cute.arch.elect_one():
-                    cute.arch.mbarrier_arrive(ep.epi_mbar + n_buf + (count + n_buf - 1) % n_buf)
-                self._refill_preact(ep, tc, e, l_base + e, wg)
-                if cutlass.const_expr(has_l and self.pingpong and e == 0):
-                    # The other warpgroup's next tile: its ring's last stores (its last tile's)
-                    # have read it by the wait above.
-                    if next_work.is_valid_tile:
-                        for i in cutlass.range_constexpr(first_loads):
-                            self._load_preact(ep, next_work.tile_idx, i, ((tile_ordinal + 1) // 2) * num_sub + i, 1 - wg)
-                count += 1
-            work = next_work
-            tile_ordinal += 1
-        store_pipeline.producer_tail()
 
 
 def subtile_order(tiled_mma, r2s, tm: int, tn: int):

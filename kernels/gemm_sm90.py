@@ -31,9 +31,8 @@ Consumer schedules (config.consumers):
   has its own store warp, its own 128-thread epilogue barrier and its own preact (dact) TMA-load
   ring. See _consume_pingpong.
 
-The epilogue's path out of the SM (subtiles through shared memory, TMA stores, the preact ring,
-and with config.epi_store_warp a producer-warpgroup warp that issues the stores for every
-consumer) is epilogue_pipeline.py's, which this class inherits.
+The epilogue's path out of the SM (subtiles through shared memory, TMA stores, the preact ring)
+is epilogue_pipeline.py's, which this class inherits.
 """
 
 from __future__ import annotations
@@ -55,7 +54,7 @@ from cutlass.cute.runtime import make_fake_tensor
 from . import mainloop, tile_scheduler
 from .config import TILE_K, GemmConfig
 from .epilogue import Epilogue
-from .epilogue_pipeline import EPI_STORE_WARP, STORE_WINDOW, EpiloguePipelineSm90, subtile_order
+from .epilogue_pipeline import OUT_STAGES, STORE_WINDOW, EpiloguePipelineSm90, subtile_order
 from .epilogue_spec import EpilogueSpec
 
 try:  # moved in 4.8; the old spelling still works with a deprecation warning
@@ -96,17 +95,6 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
         self.max_active_clusters = config.num_sms // (config.cluster_m * config.cluster_n)
         self.dynamic = config.scheduler == "dynamic"
         self.dact_pair_swap = config.dact_pair_swap
-        # Output buffers per epilogue channel (config.epi_stages). With two, a subtile ends in a
-        # second barrier: the store warp has just seen the previous subtile's stores read their
-        # buffer, the one written next. With three, that wait frees the buffer two subtiles
-        # ahead and the next subtile's barrier passes it on, so a subtile has one barrier.
-        self.out_stages = config.epi_stages
-        self.single_barrier = self.out_stages > 2
-        self.store_warp_apart = config.epi_store_warp
-        # With the store warp apart, output buffer b has a "full" mbarrier (one arrival per
-        # consumer warp that writes it: a pingpong warpgroup's 4, or every cooperative consumer
-        # warp) and an "empty" one (the store warp's arrival once its stores have read it).
-        self.full_arrivals = 4 if self.pingpong else 4 * self.num_mma_wg
         self.stream_k = config.stream_k
         if self.stream_k and epilogue.kind == "dact":
             # Only the owner of a tile runs its epilogue; the dact's preact ring is loaded ahead
@@ -170,7 +158,7 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
         # Pingpong: the output channels are shared by the two warpgroups (their epilogues take
         # turns), but each has its own preact ring (L), loaded before its mainloop.
         self.l_stages = self.l_ring * (2 if self.pingpong else 1)
-        stages = {c: (self.l_stages if c == "L" else self.out_stages) for c in widths}
+        stages = {c: (self.l_stages if c == "L" else OUT_STAGES) for c in widths}
         epi_bytes = sum(
             tm * w * dtypes[c].width // 8 * stages[c] if w else 1024 for c, w in widths.items()
         )
@@ -318,8 +306,6 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
         # The dynamic scheduler's ring of tile indices (a 1-slot placeholder for the static one);
         # it sits with the mbarriers, inside the 1 KB in front of the A/B ring.
         sched_slots = tile_scheduler.SCHED_STAGES if self.dynamic else 1
-        # The output buffers' full and empty mbarriers (config.epi_store_warp; else a placeholder).
-        epi_mbar_slots = 2 * self.out_stages if self.store_warp_apart else 1
 
         @cute.struct
         class SharedStorage:
@@ -327,7 +313,6 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
             l_mbar: cute.struct.MemRange[cutlass.Int64, self.l_stages]
             sched_mbar: cute.struct.MemRange[cutlass.Int64, 2 * sched_slots]
             sched_idx: cute.struct.MemRange[cutlass.Int32, sched_slots]
-            epi_mbar: cute.struct.MemRange[cutlass.Int64, epi_mbar_slots]
             sA: cute.struct.Align[cute.struct.MemRange[a_dtype, cute.cosize(self.sA_layout)], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[b_dtype, cute.cosize(self.sB_layout)], 1024]
             sD: cute.struct.Align[cute.struct.MemRange[d_dtype, cosize("D")], 1024]
@@ -425,13 +410,6 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
                 for i in cutlass.range_constexpr(self.l_stages):
                     cute.arch.mbarrier_init(l_mbar + i, 1)
             cute.arch.mbarrier_init_fence()
-        epi_mbar = storage.epi_mbar.data_ptr()
-        if cutlass.const_expr(self.store_warp_apart):
-            if tidx == 0:
-                for b in cutlass.range_constexpr(self.out_stages):
-                    cute.arch.mbarrier_init(epi_mbar + b, self.full_arrivals)
-                    cute.arch.mbarrier_init(epi_mbar + self.out_stages + b, 1)
-            cute.arch.mbarrier_init_fence()
         index_pipe = s_idx = None
         if cutlass.const_expr(self.dynamic):
             index_pipe = tile_scheduler.make_index_pipeline(storage.sched_mbar.data_ptr(), self.num_mma_threads)
@@ -498,20 +476,13 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
                 # Wait for the consumers to release the last stages, so no CTA of the cluster
                 # exits while a multicast into its smem is in flight.
                 ab_pipeline.producer_tail(state)
-            if cutlass.const_expr(self.store_warp_apart):
-                if warp_idx == EPI_STORE_WARP:
-                    ep = self._tma_views(
-                        *self._epi_buffers(storage, epi_layouts),
-                        tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, l_mbar, epi_mbar,
-                    )
-                    self._store_warp(ep, sched_params)
         else:
             # ---------------- consumer warpgroups ----------------
             cute.arch.setmaxregister_increase(CONSUMER_REGS)
             if cutlass.const_expr(self.pingpong):
                 self._consume_pingpong(
                     tidx, warp_idx, tiled_mma, tiled_mma_first, sA, sB, ab_pipeline, k_tiles, sched_params, index_pipe, s_idx,
-                    l_mbar, epi_mbar,
+                    l_mbar,
                     *self._epi_buffers(storage, epi_layouts),
                     tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, mBias, m_size, n_size,
                 )
@@ -533,7 +504,7 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
                 ep = self._epilogue_setup(
                     tiled_mma, mma_tidx, acc,
                     *self._epi_buffers(storage, epi_layouts),
-                    tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, l_mbar, epi_mbar,
+                    tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, l_mbar,
                     self._copy_order(tiled_mma, m_size, n_size) if two_atoms else None,
                 )
                 if cutlass.const_expr(two_atoms):
@@ -562,7 +533,7 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
                 else:
                     while work.is_valid_tile:
                         tc = work.tile_idx
-                        if cutlass.const_expr(has["L"] and not self.store_warp_apart):
+                        if cutlass.const_expr(has["L"]):
                             # Start this tile's first preact subtiles now, so they land during the
                             # mainloop (their slots' stores finished by the last tile's last acquire).
                             if warp_idx == store_warp:
@@ -578,7 +549,7 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
                         epi_count = self._epilogue_tile(
                             ep, tc, acc_of, tCcT, tile_cG,
                             epi_count, 0, warp_idx == store_warp, epi_barrier, store_pipeline, mBias, n_size,
-                            S, True, False, epi_count,
+                            S, True, False,
                         )
 
                         sched.advance_to_next_work()
@@ -726,7 +697,7 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
     @cute.jit
     def _consume_pingpong(
         self, tidx, warp_idx, tiled_mma, tiled_mma_first, sA, sB, ab_pipeline, k_tiles, sched_params, index_pipe, s_idx,
-        l_mbar, epi_mbar, sD, sP, sH, sX, sL, tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, mBias, m_size, n_size,
+        l_mbar, sD, sP, sH, sX, sL, tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, mBias, m_size, n_size,
     ):
         """One consumer warpgroup of a pingpong pair: tiles wg, wg + 2, ... of the CTA's sequence.
 
@@ -746,7 +717,7 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
 
         ep = self._epilogue_setup(
             tiled_mma, wg_tidx, acc, sD, sP, sH, sX, sL,
-            tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, l_mbar, epi_mbar,
+            tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, l_mbar,
             self._copy_order(tiled_mma, m_size, n_size),
         )
         acc_of, tRS_cT, gcG = ep.acc_of, ep.cT, ep.gcG
@@ -773,15 +744,11 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
         release_state.advance(k_tiles * wg)
 
         l_count = cutlass.Int32(0)  # this warpgroup's preact subtiles so far (its own L ring)
-        # With the store warp apart, the output buffers go round in the CTA's subtile order: the
-        # tile's place in the CTA's sequence (wg, wg + 2, ...) picks them.
-        tile_ordinal = cutlass.Int32(0) + wg
-        num_sub = tn // self.epi_tile[1]
         tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
         tiled_mma_first.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
         while work.is_valid_tile:
             tc = work.tile_idx
-            if cutlass.const_expr(has["L"] and not self.store_warp_apart):
+            if cutlass.const_expr(has["L"]):
                 # The tile's first preact subtiles (one per slot) land during the mainloop (own
                 # ring: no turn; the last tile left every slot drained).
                 if is_store_warp:
@@ -792,14 +759,12 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
             )
             mainloop.order_wait(PP_EPI_ORDER, wg)
             # The output buffers start drained at every turn (buffer e % 2), and are handed over
-            # drained (the last subtile waits for all of this tile's stores to have read smem);
-            # with the store warp apart, which sends every tile's subtiles in order, neither.
+            # drained (the last subtile waits for all of this tile's stores to have read smem).
             l_count = self._epilogue_tile(
                 ep, tc, acc_of, tRS_cT, ep.thr_r2s_d.partition_S(gcG[(None, None, tc[0], tc[1])]),
                 l_count, wg, is_store_warp, epi_barrier, store_pipeline, mBias, n_size,
-                S, False, not self.store_warp_apart, tile_ordinal * num_sub,
+                S, False, True,
             )
-            tile_ordinal += 2
             mainloop.order_arrive(PP_EPI_ORDER, wg)
             # Next own tile: skip the other warpgroup's. The dynamic scheduler's ring ends with one
             # past-the-end index and nothing after it, so never read beyond an invalid one.

@@ -74,7 +74,6 @@ def variants(quick: bool = False):
     out += epi16_variants(quick)
     out += stream_k_variants(quick)
     out += pair_swap_off_variants(quick)
-    out += epi_stages_variants(quick)
     out += pdl_variants(quick)
     return out
 
@@ -101,48 +100,6 @@ def pdl_variants(quick: bool = False):
                       "bfloat16", "row", "col", "bfloat16"),
             KernelKey(EpilogueSpec("store"), GemmConfig(128, 128, scheduler="dynamic", pdl=True),
                       "bfloat16", "row", "row", "bfloat16"),
-        ]
-    return keys
-
-
-def epi_stages_variants(quick: bool = False):
-    """Three output buffers and one barrier per epilogue subtile (config.epi_stages=3) on the
-    configs the MLP's defaults run: the short-K cooperative 128x128 dact (four-slot ring), the big
-    pingpong 128x192 dact (16-column subtiles, two slots per warpgroup) and act, and the 2x1
-    cooperative 128x256 store, accumulate and stream-K; and with the producer warpgroup's store
-    warp (config.epi_store_warp), cooperative and pingpong."""
-    coop = GemmConfig(128, 128, 2, 1, 16, dact_prefetch=3, epi_stages=3)
-    pp = GemmConfig(128, 192, 2, 1, 8, consumers="pingpong", epi_stages=3)
-    big = GemmConfig(128, 256, 2, 1, 8, epi_stages=3)
-    keys = [
-        KernelKey(EpilogueSpec("dact", "swiglu"), coop, "bfloat16", "row", "col", "bfloat16"),
-        KernelKey(EpilogueSpec("dact", "swiglu"), dataclasses.replace(pp, dact_prefetch=2, epi_n=16),
-                  "bfloat16", "row", "col", "bfloat16"),
-        KernelKey(EpilogueSpec("act", "swiglu"), pp, "bfloat16", "row", "row", "bfloat16"),
-        KernelKey(EpilogueSpec("dact", "swiglu"), dataclasses.replace(coop, epi_store_warp=True),
-                  "bfloat16", "row", "col", "bfloat16"),
-        KernelKey(EpilogueSpec("dact", "swiglu"), dataclasses.replace(pp, dact_prefetch=2, epi_n=16, epi_store_warp=True),
-                  "bfloat16", "row", "col", "bfloat16"),
-    ]
-    if not quick:
-        keys += [
-            KernelKey(EpilogueSpec("dact", "gelu_tanh_approx"), coop, "bfloat16", "row", "col", "bfloat16"),
-            KernelKey(EpilogueSpec("dact", "relu"), dataclasses.replace(pp, tile_n=128), "bfloat16", "row", "col", "bfloat16"),
-            KernelKey(EpilogueSpec("act", "gelu_tanh_approx", True), pp, "bfloat16", "row", "row", "bfloat16", "bfloat16"),
-            KernelKey(EpilogueSpec("store"), big, "bfloat16", "row", "col", "bfloat16"),
-            KernelKey(EpilogueSpec("accumulate"), big, "bfloat16", "col", "col", "float32"),
-            KernelKey(EpilogueSpec("store"), dataclasses.replace(big, raster_group=16, stream_k=True),
-                      "bfloat16", "row", "col", "bfloat16"),
-            KernelKey(EpilogueSpec("dact", "relu"), GemmConfig(128, 128, epi_store_warp=True),
-                      "bfloat16", "row", "col", "bfloat16"),
-            KernelKey(EpilogueSpec("accumulate"), dataclasses.replace(big, epi_store_warp=True),
-                      "bfloat16", "col", "col", "float32"),
-            KernelKey(EpilogueSpec("act", "gelu_tanh_approx", True), dataclasses.replace(big, epi_store_warp=True),
-                      "bfloat16", "row", "row", "bfloat16", "bfloat16"),
-            KernelKey(EpilogueSpec("act", "swiglu"), dataclasses.replace(pp, epi_store_warp=True),
-                      "bfloat16", "row", "row", "bfloat16"),
-            KernelKey(EpilogueSpec("dact", "relu"), GemmConfig(128, 128, consumers="pingpong", epi_store_warp=True),
-                      "bfloat16", "row", "col", "bfloat16"),
         ]
     return keys
 

@@ -24,7 +24,7 @@ def test_lists_every_step_with_its_command():
     r = run("--list")
     assert r.returncode == 0
     steps = [line.split()[0] for line in r.stdout.splitlines()]
-    assert steps == ["tests_kernels", "tests_layer", "tests_defaults", "tests_all", "streamk", "streamk_fill", "configs_small", "configs_wave", "configs_mid", "configs_long_k", "configs_dact", "configs_swap", "configs_ring", "configs_raster", "tests_epi", "configs_epi", "epi_ab", "tests_pdl", "pdl", "short_k_probe", "plain_gemms", "plain_gemms_host", "gemm", "mlp", "sweep", "sweep_ceiling", "sweep_plain_launches", "sweep_below_eager", "sweep_small", "sweep_graphed",
+    assert steps == ["tests_kernels", "tests_layer", "tests_defaults", "tests_all", "streamk", "streamk_fill", "configs_small", "configs_wave", "configs_mid", "configs_long_k", "configs_dact", "configs_swap", "configs_ring", "configs_raster", "tests_pdl", "pdl", "short_k_probe", "plain_gemms", "plain_gemms_host", "gemm", "mlp", "sweep", "sweep_ceiling", "sweep_plain_launches", "sweep_below_eager", "sweep_small", "sweep_graphed",
                      "tp", "tp_sp", "profile", "launch_graphs", "launch_keys", "held_turns", "kernels_vs_quack", "graph_memory", "memory_trace", "small_step_variants", "host_paths", "timing_spread", "host_step",
                      "host_stages", "host_env", "host_phases", "cold", "clock", "full", "ncu", "ncu_dact", "ncu_dact_pingpong", "ncu_smem", "ncu_vs_quack", "ncu_epilogue_gap"]
     # every step the script defines is listed (a step missing from the list still ran, unseen)
@@ -443,13 +443,13 @@ def test_option_ab_replaces_the_fields_in_the_schedule_asked_where_they_stay_val
     cooperative = GemmConfig()
     pingpong = GemmConfig(tile_n=192, consumers="pingpong")
     stream_k = GemmConfig(stream_k=True)
-    three = option_ab.FieldRewrite({"epi_stages": 3}, "pingpong")
-    assert three(pingpong).epi_stages == 3 and three(cooperative) is cooperative
-    assert three.changed == {pingpong} and three.seen == {pingpong, cooperative}
-    warp = option_ab.FieldRewrite({"epi_store_warp": True})
-    assert warp(cooperative).epi_store_warp and warp(pingpong).epi_store_warp
-    assert warp(stream_k) is stream_k  # the store warp walks whole tiles only
-    assert warp.changed == {cooperative, pingpong}
+    narrow = option_ab.FieldRewrite({"epi_n": 16}, "pingpong")
+    assert narrow(pingpong).epi_n == 16 and narrow(cooperative) is cooperative
+    assert narrow.changed == {pingpong} and narrow.seen == {pingpong, cooperative}
+    ring = option_ab.FieldRewrite({"dact_prefetch": 3})
+    assert ring(cooperative).dact_prefetch == 3 and ring(stream_k).dact_prefetch == 3
+    assert ring(pingpong) is pingpong  # a pingpong warpgroup's preact ring has 1 or 2 slots
+    assert ring.changed == {cooperative, stream_k}
     rule = option_ab.FieldRewrite({})
     assert rule(pingpong) is pingpong and not rule.changed
 
@@ -464,14 +464,14 @@ def test_option_ab_steps_launch_the_rewritten_configs_and_the_rules(monkeypatch)
     from parallel_mlp.kernels import ops
 
     with _stubbed_swiglu_layer(monkeypatch) as (mlp, x, dy, _, launched):
-        option = option_ab.FieldRewrite({"epi_stages": 3})
+        option = option_ab.FieldRewrite({"max_stages": 4})
         option_ab._rewritten(mlp, x, dy, option)()
-        assert len(launched) == 6 and all(c.epi_stages == 3 for c in launched)
+        assert len(launched) == 6 and all(c.max_stages == 4 for c in launched)
         assert option.changed == option.seen and ops._config_rewrite is None
         launched.clear()
         rule = option_ab.FieldRewrite({})
         option_ab._rewritten(mlp, x, dy, rule)()
-        assert len(launched) == 6 and all(c.epi_stages == 2 for c in launched)
+        assert len(launched) == 6 and all(c.max_stages == 8 for c in launched)
         assert rule.seen == option.seen and not rule.changed
 
 
@@ -480,14 +480,14 @@ def test_option_ab_refuses_bad_fields_and_shapes_and_needs_a_gpu(monkeypatch, ca
     import option_ab
 
     with pytest.raises(SystemExit):
-        option_ab.main(["--also", "epi_stages"])
+        option_ab.main(["--also", "max_stages"])
     assert "is not FIELD=VALUE" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        option_ab.main(["--also", "epi_stages=3", "--shapes", "8192:4096"])
+        option_ab.main(["--also", "max_stages=4", "--shapes", "8192:4096"])
     assert "expected T:d:h:activation" in capsys.readouterr().err
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit, match="needs a CUDA GPU"):
-            option_ab.main(["--also", "epi_stages=3", "--shapes", "512:1024:2816:swiglu"])
+            option_ab.main(["--also", "max_stages=4", "--shapes", "512:1024:2816:swiglu"])
 
 
 def test_step_memory_trace_marks_the_peak_of_what_the_step_asks_for(monkeypatch):
@@ -787,5 +787,5 @@ def test_ptx_digest_is_the_same_for_the_same_kernel_and_tells_an_option_apart():
     key = KernelKey(EpilogueSpec("dact", "swiglu"), GemmConfig(128, 128, dact_prefetch=3), "bfloat16", "row", "col", "bfloat16")
     first, lines = tool.digest(key)
     assert tool.digest(key) == (first, lines) and len(first) == 16 and lines > 100
-    three = KernelKey(key.epilogue, GemmConfig(128, 128, dact_prefetch=3, epi_stages=3), "bfloat16", "row", "col", "bfloat16")
-    assert tool.digest(three)[0] != first
+    narrow = KernelKey(key.epilogue, GemmConfig(128, 128, dact_prefetch=3, epi_n=16), "bfloat16", "row", "col", "bfloat16")
+    assert tool.digest(narrow)[0] != first

@@ -1,7 +1,7 @@
 """The fused step with GemmConfig fields replaced in the configs the rule picks, beside the same
 step on the rule's own configs, and eager (a GPU is needed).
 
-    python3 tools/option_ab.py --also epi_stages=3 [--consumers pingpong] [--hold-s 0.4]
+    python3 tools/option_ab.py --also FIELD=VALUE[,...] [--consumers pingpong] [--hold-s 0.4]
                                [--rounds 6] [--shapes T:d:h:act,...]
 
 ``bench configs --also`` times one GEMM at a time; whether an option belongs in the default rule
@@ -11,9 +11,9 @@ picked it), so both launch kernel by kernel, past the plan cache and the launch 
 and differ in the kernels alone. That is fair where the GPU decides the step, which is where an
 epilogue option can pay (the default shapes); at a host-bound step both would read the host.
 ``--consumers`` limits the fields to the configs of one consumer schedule; a config the fields
-make invalid (the store warp with stream-K) stays as the rule has it. Compile the option's
-kernels first (``python -m parallel_mlp.kernels.warmup --shapes ... --also FIELDS -j 16``), or
-the warm-up steps compile them one by one.
+make invalid (a three-slot preact ring in a pingpong config) stays as the rule has it. Compile
+the option's kernels first (``python -m parallel_mlp.kernels.warmup --shapes ... --also FIELDS
+-j 16``), or the warm-up steps compile them one by one.
 
 Per shape: ms per fwd+bwd of eager, the option, the rule and eager's second copy (the run's
 spread), each one's ratio to eager, the option's gain over the rule (the median of the rounds'
@@ -35,7 +35,8 @@ from parallel_mlp.kernels.config import parse_fields
 from parallel_mlp.kernels.warmup import parse_shapes
 
 # GPU-bound steps of the sweep whose epilogue GEMMs are big pingpong ones (the headline and its
-# neighbours), and the narrow shards where bench configs read an epilogue option either way.
+# neighbours), and narrow shards, where an epilogue option measured one GEMM at a time has read
+# either way.
 SHAPES = "8192:4096:14336:swiglu,8192:4096:11008:swiglu,8192:5120:13824:swiglu," \
          "8192:8192:5504:swiglu,16384:4096:11008:swiglu,8192:4096:16384:gelu_tanh_approx," \
          "8192:8192:8192:gelu_tanh_approx,8192:2048:4096:gelu_tanh_approx,8192:4096:1376:swiglu"

@@ -15,9 +15,7 @@ the swap and without: the shared-memory wavefronts the swap saves under both swi
 config and in pingpong 128x128 tiles (2x1, two preact slots, 16-column subtiles): pingpong gives
 one warpgroup's epilogue the other's mainloop to hide behind yet ran no faster, so what the
 two schedules keep busy (tensor pipe, shared memory, issue) says which resource the epilogue
-takes from the mainloop; then the dact in both configs with three output buffers and the
-producer warpgroup's store warp (GemmConfig.epi_stages, epi_store_warp): what the consumers'
-barrier stalls were (`--launch-skip 6`).
+takes from the mainloop (`--launch-skip 4`).
 ``--epilogue-gap T,d,h,act`` (repeatable) profiles, at each shape, the two epilogue GEMMs beside
 the plain GEMMs of their shapes and configs (fc1 + act and plain fc1; the dact and plain dy@W2 in
 the dact's config, and plain dy@W2 in its own default): what the epilogue costs in cycles, clock,
@@ -84,18 +82,11 @@ def short_k_pingpong_cases():
     dy, w2, pre = _short_k_operands()
     coop = default_config(T, h, d, kind="dact")
     pp = GemmConfig(128, 128, 2, 1, 8, consumers="pingpong", dact_prefetch=2, epi_n=16)
-    # the epilogue's hand-offs reworked: three output buffers and the producer warpgroup's store warp
-    apart = dict(epi_stages=3, epi_store_warp=True)
-    coop_apart, pp_apart = dataclasses.replace(coop, **apart), dataclasses.replace(pp, **apart)
     return [
         ("dpost dy@W2 + swiglu dact, its default config", lambda: ops.gemm_dact(dy, w2, pre, "swiglu", config=coop)),
         ("dpost dy@W2 plain, the dact's config", lambda: ops.gemm(dy, w2, config=coop)),
         ("dpost dy@W2 + swiglu dact, pingpong 128x128", lambda: ops.gemm_dact(dy, w2, pre, "swiglu", config=pp)),
         ("dpost dy@W2 plain, pingpong 128x128", lambda: ops.gemm(dy, w2, config=pp)),
-        ("dpost dy@W2 + swiglu dact, its default config, store warp apart, 3 buffers",
-         lambda: ops.gemm_dact(dy, w2, pre, "swiglu", config=coop_apart)),
-        ("dpost dy@W2 + swiglu dact, pingpong 128x128, store warp apart, 3 buffers",
-         lambda: ops.gemm_dact(dy, w2, pre, "swiglu", config=pp_apart)),
     ]
 
 
