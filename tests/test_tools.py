@@ -777,6 +777,17 @@ def test_ptx_digest_drops_where_the_ptx_came_from():
     assert tool.ptx_body(ptx) != tool.ptx_body(ptx.replace("%r1, 0", "%r1, 1"))
 
 
+def test_ptx_digest_sweep_covers_every_shape_of_the_grid_once_per_kernel():
+    """--sweep digests the kernels the rule picks for the sweep's grid: each shape's, each once."""
+    from parallel_mlp.bench.sweep_grid import GRID
+    from parallel_mlp.kernels.warmup import mlp_keys
+
+    names = [key.name for key in _tool("ptx_digest").sweep_keys()]
+    assert len(names) == len(set(names))
+    for shape in GRID:
+        assert {k.name for k in mlp_keys(shape.tokens, shape.d, shape.shard, shape.act)} <= set(names)
+
+
 def test_ptx_digest_is_the_same_for_the_same_kernel_and_tells_an_option_apart():
     pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
     from parallel_mlp.kernels.compile import KernelKey
