@@ -788,6 +788,12 @@ def test_ptx_digest_sweep_covers_every_shape_of_the_grid_once_per_kernel():
         assert {k.name for k in mlp_keys(shape.tokens, shape.d, shape.shard, shape.act)} <= set(names)
 
 
+def test_ptx_digest_takes_one_kernel_set(capsys):
+    with pytest.raises(SystemExit):
+        _tool("ptx_digest").main(["--quick", "--sweep"])
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
 def test_ptx_digest_is_the_same_for_the_same_kernel_and_tells_an_option_apart():
     pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
     from parallel_mlp.kernels.compile import KernelKey
