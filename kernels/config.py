@@ -81,14 +81,23 @@ COOPERATIVE_MIN_K = 6144
 # pads too much, or waves too coarse for 192: NARROW_TILE_MIN_GAIN), cooperative 128x256 tiles
 # in 2x1 clusters read the fewest operand elements per MAC and the pingpong tile has lost its
 # width advantage; from this K up they take over where their waves take no more columns of tile
-# time. Store and act only (the dact's preact ring is pingpong's, and the wgrads were not timed
-# there). Held 0.5 s x 4 on an H200, 2026-12-02 (`bash tools/gpu_run.sh configs_mid`, x cuBLAS,
+# time. Store, act and the dact (the wgrads were not timed there). Held 0.5 s x 4 on an H200,
+# 2026-12-02 (`bash tools/gpu_run.sh configs_mid`, x cuBLAS,
 # pingpong 128x128 -> cooperative 128x256, equal columns of tile time): T=16384 d=5120 gelu
 # h=2560 fc1 + act 0.915 -> 0.952, plain 0.956 -> 0.993 (K = 5120); T=8192 d=4096 gelu h=2048
 # fc1 + act 0.916 -> 0.930, plain 0.984 -> 0.974 (K = 4096); T=8192 d=2048 gelu h=4096 fc2 0.970
 # -> 0.975, dx 0.973 -> 0.977. Where the default is pingpong 128x192 the same swap ran 0.4-4.7%
 # slower at 10 of 14 GEMMs (fc2 and dx at T=16384 d=5120 1.028 / 1.019 -> 0.991 / 0.981, fc1 +
-# act at T=4096 d=5120 swiglu 0.985 -> 0.940), and at K = 1024 (T=4096 d=1024 gelu fc1 + act, 128x128) 0.866 -> 0.847: 192 and short K stay pingpong.
+# act at T=4096 d=5120 swiglu 0.985 -> 0.940), and at K = 1024 (T=4096 d=1024 gelu fc1 + act,
+# 128x128) 0.866 -> 0.847: 192 and short K stay pingpong. The dact there, in cooperative 128x256
+# (one-subtile preact prefetch, 32-column subtiles) against pingpong 128x128 (two slots, 16-column
+# subtiles), held 0.4 s x 4 on an H100, 2026-12-05 (`bash tools/gpu_run.sh configs_narrow_gelu`;
+# benchmarks/h100-configs-narrow-gelu.txt), x cuBLAS's plain GEMM: T=8192 d=4096 gelu h=2048
+# 0.827 -> 0.893 (0.822 -> 0.895 in a second run), T=16384 d=5120 gelu h=2560 0.792 -> 0.904
+# (0.818 -> 0.913), T=8192 d=4096 swiglu h=1376 0.850 -> 0.881; pingpong 128x192 and cooperative
+# 128x128 with the four-slot ring were no faster than the default. Whole steps in the H100 sweep:
+# 1.298 -> 1.257 ms and 4.143 -> 4.013 ms at the two gelu shards (0.998x and 0.984x eager before,
+# 1.037x and 1.003x after), the swiglu shard 1.404 -> 1.406.
 NARROW_COOPERATIVE_MIN_K = 4096
 
 # Big dacts up to this K run cooperative 128x128 tiles in 1x1 clusters, raster 8 (the small-shape
@@ -496,8 +505,9 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
     every GEMM of T=8192 d=8192 gelu h=8192, and fc1 at T=16384 d=8192 swiglu h=11008).
 
     Other big GEMMs (fc1, dy@W2 and its dact at d=4096): ``big_pingpong_config``, or, where
-    that is 128x128 tiles at K >= NARROW_COOPERATIVE_MIN_K, cooperative 128x256 for store and act
-    where its waves take no more columns of tile time (fc1 of the gelu shards at T=8192-16384). On an H200,
+    that is 128x128 tiles at K >= NARROW_COOPERATIVE_MIN_K, cooperative 128x256 for store, act and
+    dact where its waves take no more columns of tile time (fc1 and the dact of the narrow shards
+    at T=8192-16384: gelu h=2048 and 2560, swiglu h=1376). On an H200,
     2026-11-30, pingpong 128x128 timed call by call against cooperative 128x256 (bench configs
     --also consumers=pingpong,tile_n=128,raster_group=16): fc1 + swiglu 7% faster, plain and
     accumulate GEMMs 2-5%, dx even. The pingpong dact writes dpreact in place over its preact,
@@ -537,16 +547,18 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
         if kind == "dact" and k <= SHORT_K_DACT_MAX_K:
             return GemmConfig(128, 128, 1, 1, 8, num_sms, dact_prefetch=SHORT_K_DACT_PREFETCH)
         pingpong = big_pingpong_config(m, n, num_sms, kind)
-        if kind == "dact":
-            return pingpong
         cooperative = with_stream_k(GemmConfig(128, 256, cm, 1, 16, num_sms, l2_prefetch=pf),
                                     m, n, k, kind)
+        narrow_cooperative = (k >= NARROW_COOPERATIVE_MIN_K and kind != "accumulate"
+                              and pingpong.tile_n == 128
+                              and wave_columns(cooperative, m, n) <= wave_columns(pingpong, m, n))
+        if kind == "dact":
+            return with_raster(cooperative) if narrow_cooperative else pingpong
         if k >= COOPERATIVE_MIN_K:
             if (cooperative.stream_k or pingpong.tile_n != 192
                     or wave_columns(cooperative, m, n) < wave_columns(pingpong, m, n)):
                 return with_raster(cooperative)
-        elif (k >= NARROW_COOPERATIVE_MIN_K and kind != "accumulate" and pingpong.tile_n == 128
-              and wave_columns(cooperative, m, n) <= wave_columns(pingpong, m, n)):
+        elif narrow_cooperative:
             return with_raster(cooperative)
         return pingpong
     if n > 128 and waves(128, 256) >= 1:

@@ -659,11 +659,13 @@ BIG_DACT_PINGPONG = (4104, 2104, 4200)  # K rows 16-byte aligned, as TMA needs
 
 
 @pytest.mark.parametrize("shape,consumers", [(BIG_TAILED, "cooperative"),
-                                             (BIG_DACT_PINGPONG, "pingpong")])
+                                             (BIG_DACT_PINGPONG, "pingpong"),
+                                             (BIG_NARROW_COOP, "cooperative")])
 @pytest.mark.parametrize("act", ["swiglu", "gelu_tanh_approx"])
 def test_default_big_gemm_dact(act, shape, consumers):
-    """The default big-shape dacts against the reference: pingpong (dpreact in place over one
-    preact slot per warpgroup) and, at a short K, cooperative 128x128 tiles."""
+    """The default big-shape dacts against the reference: pingpong (dpreact in place over its
+    preact slots), at a short K cooperative 128x128 tiles, and at a narrow N from
+    NARROW_COOPERATIVE_MIN_K cooperative 128x256 tiles."""
     from parallel_mlp.kernels import ops
     from parallel_mlp.kernels.config import default_config
 

@@ -101,10 +101,10 @@ def test_default_config_is_pingpong_at_big_shapes():
             # the dact alone takes the two-slot preact ring, with 16-column subtiles for 5 stages
             assert (cfg.dact_prefetch, cfg.epi_n) == ((2, 16) if kind == "dact" else (1, 32))
     # a narrow N that 192-wide tiles would pad far more than 128-wide ones: 128x128 (below
-    # NARROW_COOPERATIVE_MIN_K, and the dact at any K)
+    # NARROW_COOPERATIVE_MIN_K, the dact as the store)
     for n in (256, 640, 1000):
-        for k, kind in ((2048, "store"), (4096, "dact")):
-            cfg = default_config(65536, n, k, 132, kind)
+        for kind in ("store", "dact"):
+            cfg = default_config(65536, n, 2048, 132, kind)
             assert (cfg.consumers, cfg.tile_m, cfg.tile_n) == ("pingpong", 128, 128), (n, kind)
     assert default_config(65536, 384, 2048, 132, "store").tile_n == 192  # no padding at 192
     # fewer than two waves of 128x256 tiles: cooperative as before
@@ -165,38 +165,42 @@ def test_long_k_takes_pingpong_where_its_waves_fill_the_grid_as_well():
 def test_narrow_pingpong_gives_way_to_cooperative_128x256_from_k_4096():
     """Big GEMMs below COOPERATIVE_MIN_K whose pingpong config is 128x128 take cooperative
     128x256 (2x1, walking rows as every big GEMM) from NARROW_COOPERATIVE_MIN_K where its waves take no more columns
-    of tile time: store and act alike, not the dact or the wgrads. The GEMMs timed for the rule
-    (gpu_run.sh configs_mid), on 132 SMs; 192-wide pingpong and short K stay."""
+    of tile time: store, act and the dact alike, not the wgrads. The GEMMs timed for the rule
+    (gpu_run.sh configs_mid, configs_narrow_gelu), on 132 SMs; 192-wide pingpong and short K stay."""
     from parallel_mlp.kernels.config import (NARROW_COOPERATIVE_MIN_K, big_pingpong_config,
                                              default_config, wave_columns)
 
     moved = [(16384, 2560, 5120), (8192, 2048, 4096)]  # fc1 of gelu h=2560 d=5120; h=2048 d=4096 (and fc2, dx at d=2048)
     for m, n, k in moved:
         assert big_pingpong_config(m, n, 132).tile_n == 128
-        for kind in ("store", "act"):
+        for kind in ("store", "act", "dact"):
             cfg = default_config(m, n, k, 132, kind)
             assert (cfg.consumers, cfg.tile_n, cfg.cluster_m, cfg.stream_k) == \
                 ("cooperative", 256, 2, False), (m, n, k, kind)
             assert raster(cfg) == ROWS_SERPENTINE, (m, n, k, kind)
             assert wave_columns(cfg, m, n) <= wave_columns(big_pingpong_config(m, n, 132), m, n)
-        for kind in ("dact", "accumulate"):
-            assert default_config(m, n, k, 132, kind).consumers == "pingpong", (m, n, k, kind)
+            # the cooperative dact's one-subtile preact prefetch and 32-column subtiles
+            assert (cfg.dact_prefetch, cfg.epi_n) == (1, 32), (m, n, k, kind)
+        assert default_config(m, n, k, 132, "accumulate").consumers == "pingpong", (m, n, k)
     # 192-wide pingpong stays (fc2 and dx at T=16384 d=5120 gelu h=2560, timed slower cooperative)
     assert default_config(16384, 5120, 2560, 132, "store").tile_n == 192
     # below the K threshold (fc1 at T=4096 d=1024 gelu h=4096, timed slower cooperative)
     assert default_config(4096, 4096, 1024, 132, "act").consumers == "pingpong"
     assert default_config(8192, 2048, NARROW_COOPERATIVE_MIN_K - 64, 132, "act").consumers == "pingpong"
     # the GPU tests' tailed shape for this rule (test_ops_gpu.BIG_NARROW_COOP) reaches it
-    for kind in ("store", "act"):
+    for kind in ("store", "act", "dact"):
         cfg = default_config(5512, 1288, 4200, 132, kind)
         assert (cfg.consumers, cfg.tile_n, cfg.stream_k) == ("cooperative", 256, False)
+    # the dact below the K threshold keeps its pingpong ring
+    dact = default_config(8192, 2048, NARROW_COOPERATIVE_MIN_K - 64, 132, "dact")
+    assert (dact.consumers, dact.dact_prefetch) == ("pingpong", 2)
 
 
 def test_short_k_dacts_take_cooperative_128x128_tiles():
     """Big dacts up to SHORT_K_DACT_MAX_K run cooperative 128x128 in 1x1 clusters, raster 8, with
     the four-slot preact ring; the
     GEMMs timed for the rule (T=8192 and 65536, d=1024, swiglu h=2816) and the GPU tests' tailed
-    shape reach it, K = 2048 and 4096 keep pingpong, and only the dact moves."""
+    shape reach it, K = 2048 and 4096 do not, and only the dact moves."""
     from parallel_mlp.kernels.config import SHORT_K_DACT_MAX_K, default_config, is_big
 
     for m, n, k in [(8192, 2816, 1024), (65536, 2816, 1024), (4104, 4200, 1000),
@@ -210,7 +214,8 @@ def test_short_k_dacts_take_cooperative_128x128_tiles():
             assert default_config(m, n, k, 132, kind).consumers == "pingpong", (m, n, k, kind)
     for m, n, k in [(8192, 5632, 2048), (65536, 704, 2048), (8192, 1376, 4096),
                     (8192, 2816, SHORT_K_DACT_MAX_K + 64)]:
-        assert default_config(m, n, k, 132, "dact").consumers == "pingpong", (m, n, k)
+        cfg = default_config(m, n, k, 132, "dact")
+        assert (cfg.tile_n, cfg.dact_prefetch) != (128, 3), (m, n, k)
 
 
 def test_recompute_replays_fc1_with_the_act_gemms_config():
