@@ -97,7 +97,8 @@ COOPERATIVE_MIN_K = 6144
 # (0.818 -> 0.913), T=8192 d=4096 swiglu h=1376 0.850 -> 0.881; pingpong 128x192 and cooperative
 # 128x128 with the four-slot ring were no faster than the default. Whole steps in the H100 sweep:
 # 1.298 -> 1.257 ms and 4.143 -> 4.013 ms at the two gelu shards (0.998x and 0.984x eager before,
-# 1.037x and 1.003x after), the swiglu shard 1.404 -> 1.406.
+# 1.037x and 1.003x after), the swiglu shard 1.404 -> 1.406. On an H200, the same A/B
+# (benchmarks/h200-narrow-dact.txt): 0.859 -> 0.898, 0.879 -> 0.909, 0.860 -> 0.873.
 NARROW_COOPERATIVE_MIN_K = 4096
 
 # Big dacts up to this K run cooperative 128x128 tiles in 1x1 clusters, raster 8 (the small-shape
