@@ -120,6 +120,9 @@
 #                    loop, and the GPU's idle gaps (~1 min)
 #     kernels_vs_quack  tools/kernels_vs_quack.py: each kernel of a step, ours beside quack's MLP,
 #                    and the held steps, at the two d=8192 shapes and the headline (~2 min)
+#     kernels_vs_quack_below  the same at the two shapes the latest sweeps read below quack
+#                    most often (T=4096 d=5120 swiglu h=3456: 0.979-0.999x; T=8192 d=4096 swiglu
+#                    h=1376: 0.983-1.024x), which kernel quack runs faster (~2 min)
 #     graph_memory   tools/graph_memory_probe.py: the device memory the fused function's kept CUDA
 #                    graphs hold, the allocator's and the driver's, at 94-1024 graphs (~1 min)
 #     memory_trace   tools/step_memory_trace.py: the allocator's history over the sweep's measured
@@ -213,6 +216,7 @@ declare -A CMD=(
   [launch_graphs]="timeout 150 python3 tools/pytest_shards.py 12 -m gpu tests/test_layer_gpu.py -k launch_graphs; timeout 200 python3 tools/launch_graphs_ab.py"
   [held_turns]="timeout 120 python3 -m parallel_mlp.kernels.warmup --shapes 512:1024:512:gelu_tanh_approx,512:1024:2816:swiglu,4096:1024:4096:gelu_tanh_approx -j 16; timeout 400 python3 tools/held_turns_probe.py"
   [kernels_vs_quack]="timeout 150 python3 -m parallel_mlp.kernels.warmup --shapes 8192:8192:8192:gelu_tanh_approx,16384:8192:11008:swiglu,8192:4096:14336:swiglu -j 16; timeout 400 python3 tools/kernels_vs_quack.py --rounds 6"
+  [kernels_vs_quack_below]="timeout 120 python3 -m parallel_mlp.kernels.warmup --shapes 4096:5120:3456:swiglu,8192:4096:1376:swiglu -j 16; timeout 300 python3 tools/kernels_vs_quack.py --rounds 6 --shape 4096,5120,3456,swiglu --shape 8192,4096,1376,swiglu"
   [graph_memory]="timeout 120 python3 -m parallel_mlp.kernels.warmup --shapes 512:1024:2816:swiglu,4096:1024:4096:gelu_tanh_approx -j 16; timeout 100 python3 tools/graph_memory_probe.py; timeout 100 python3 tools/graph_memory_probe.py --shape 4096,1024,4096,gelu_tanh_approx --input-sets 32; timeout 100 python3 tools/graph_memory_probe.py --input-sets 256"
   [launch_keys]="timeout 120 python3 -m parallel_mlp.kernels.warmup --shapes 512:1024:512:gelu_tanh_approx,512:1024:2816:swiglu,4096:1024:4096:gelu_tanh_approx,8192:1024:2816:swiglu -j 16; timeout 200 python3 tools/launch_key_churn.py --profile-captures; timeout 120 python3 tools/fused_step_probe.py"
   [memory_trace]="timeout 120 python3 tools/step_memory_trace.py; timeout 120 python3 tools/step_memory_trace.py --recompute; timeout 120 python3 tools/step_memory_trace.py --shape 512,8192,2752,swiglu"
@@ -233,7 +237,7 @@ declare -A CMD=(
   [ncu_dact_pingpong]="timeout 100 python3 -m parallel_mlp.kernels.warmup --shapes 8192:1024:2816:swiglu --also consumers=pingpong,tile_n=128,cluster_m=2,dact_prefetch=2,epi_n=16 -j 16; timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 4 --launch-count 4 --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section SchedulerStats --section WarpStateStats --metrics \$(ncu --query-metrics 2>/dev/null | grep -q sm__pipe_tensor_op_gmma_cycles_active && echo sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,)l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,smsp__inst_executed.sum,sm__cycles_elapsed.avg $BENCH ncu-cases --short-k-pingpong"
   [ncu_dact]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 6 --launch-count 6 --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section Occupancy --section ComputeWorkloadAnalysis --section InstructionStats $BENCH ncu-cases --short-k-dact"
 )
-ORDER=(tests_kernels tests_layer tests_defaults tests_all streamk streamk_fill configs_small configs_wave configs_mid configs_long_k configs_dact configs_swap configs_ring configs_raster configs_narrow_gelu configs_narrow_ring tests_pdl pdl short_k_probe plain_gemms plain_gemms_host gemm mlp sweep sweep_ceiling sweep_plain_launches sweep_below_eager sweep_small sweep_graphed tp tp_sp profile launch_graphs launch_keys held_turns kernels_vs_quack graph_memory memory_trace small_step_variants host_paths timing_spread host_step host_stages host_env host_phases cold clock full ncu ncu_dact ncu_dact_pingpong ncu_smem ncu_vs_quack ncu_epilogue_gap)
+ORDER=(tests_kernels tests_layer tests_defaults tests_all streamk streamk_fill configs_small configs_wave configs_mid configs_long_k configs_dact configs_swap configs_ring configs_raster configs_narrow_gelu configs_narrow_ring tests_pdl pdl short_k_probe plain_gemms plain_gemms_host gemm mlp sweep sweep_ceiling sweep_plain_launches sweep_below_eager sweep_small sweep_graphed tp tp_sp profile launch_graphs launch_keys held_turns kernels_vs_quack kernels_vs_quack_below graph_memory memory_trace small_step_variants host_paths timing_spread host_step host_stages host_env host_phases cold clock full ncu ncu_dact ncu_dact_pingpong ncu_smem ncu_vs_quack ncu_epilogue_gap)
 
 steps=("$@")
 if [ ${#steps[@]} -eq 0 ]; then
