@@ -156,6 +156,13 @@ def compile_kernel(key: KernelKey, keep_ptx: bool = False):
     return compiled
 
 
+def kernel_ptx(key: KernelKey) -> str:
+    """The sm_90a PTX text of one kernel, compiled here (no GPU needed). The DSL hands it back as
+    str or bytes depending on its version; this is always str."""
+    ptx = compile_kernel(key, keep_ptx=True).artifacts.PTX
+    return ptx.decode() if isinstance(ptx, bytes) else ptx
+
+
 def _compile_with_ptx(kernel, args):
     """Compile with the PTX kept (the DSL writes it into a dump directory that must exist; the
     compiled function then carries the PTX text in ``.artifacts.PTX``)."""

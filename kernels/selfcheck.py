@@ -326,14 +326,11 @@ def dynamic_variants(quick: bool = False):
 
 def check_one(key: KernelKey):
     """Compile one kernel with PTX kept; returns (ok, message, seconds)."""
-    from .compile import compile_kernel
+    from .compile import kernel_ptx
 
     t = time.time()
     try:
-        fn = compile_kernel(key, keep_ptx=True)
-        ptx = fn.artifacts.PTX
-        if isinstance(ptx, bytes):
-            ptx = ptx.decode()
+        ptx = kernel_ptx(key)
         if not ptx:
             return False, "no PTX produced", time.time() - t
         missing = []

@@ -36,12 +36,9 @@ def ptx_body(ptx: str) -> str:
 
 def digest(key) -> tuple[str, int]:
     """(first 16 hex digits of the sha256 of ptx_body, its line count) of one KernelKey."""
-    from parallel_mlp.kernels.compile import compile_kernel
+    from parallel_mlp.kernels.compile import kernel_ptx
 
-    ptx = compile_kernel(key, keep_ptx=True).artifacts.PTX
-    if isinstance(ptx, bytes):
-        ptx = ptx.decode()
-    body = ptx_body(ptx)
+    body = ptx_body(kernel_ptx(key))
     return hashlib.sha256(body.encode()).hexdigest()[:16], body.count("\n") + 1
 
 

@@ -66,7 +66,7 @@ def main(argv=None) -> int:
                    help="GemmConfig fields replaced on the default config")
     args = p.parse_args(argv)
 
-    from parallel_mlp.kernels.compile import compile_kernel
+    from parallel_mlp.kernels.compile import kernel_ptx
     from parallel_mlp.kernels.config import parse_fields
     from parallel_mlp.kernels.warmup import mlp_keys
 
@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     if args.also:
         key = dataclasses.replace(key, config=dataclasses.replace(key.config, **parse_fields(args.also)))
     print(f"{key.epilogue.key} {key.config.key}")
-    ptx = compile_kernel(key, keep_ptx=True).artifacts.PTX
+    ptx = kernel_ptx(key)
     with tempfile.TemporaryDirectory(prefix="pmlp_sass_") as d:
         src, cubin = os.path.join(d, "k.ptx"), os.path.join(d, "k.cubin")
         with open(src, "w") as f:

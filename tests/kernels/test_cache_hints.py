@@ -36,15 +36,14 @@ def test_cache_hints_reach_the_tma_copies(hints, monkeypatch):
     "stream" puts EVICT_NORMAL on the A/B loads and EVICT_FIRST on the epilogue's preact loads
     and its stores."""
     monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
-    from parallel_mlp.kernels.compile import KernelKey, compile_kernel
+    from parallel_mlp.kernels.compile import KernelKey, kernel_ptx
     from parallel_mlp.kernels.config import L2_EVICT_FIRST, L2_EVICT_NORMAL, GemmConfig
     from parallel_mlp.kernels.epilogue_spec import EpilogueSpec
 
     extra = {} if hints == "default" else {"cache_hints": hints}
     cfg = GemmConfig(128, 128, 1, 1, 8, consumers="pingpong", **extra)
     key = KernelKey(EpilogueSpec("dact", "relu"), cfg, "bfloat16", "row", "col", "bfloat16")
-    ptx = compile_kernel(key, keep_ptx=True).artifacts.PTX
-    found = _policies(ptx.decode() if isinstance(ptx, bytes) else ptx)
+    found = _policies(kernel_ptx(key))
     if hints == "default":
         assert found == {"load": {L2_EVICT_NORMAL}, "store": {L2_EVICT_NORMAL}}
     elif hints == "none":

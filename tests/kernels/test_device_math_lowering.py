@@ -18,40 +18,38 @@ OPS = {"tanh.approx.f32": r"tanh\.approx\.f32", "ex2.approx": r"ex2\.approx", "r
        "div.f32": r"div(\.\w+)*\.f32"}
 
 
-def _ops(act: str, kind: str, monkeypatch) -> dict[str, int]:
-    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
-    from parallel_mlp.kernels.compile import KernelKey, compile_kernel
+def _ops(act: str, kind: str) -> dict[str, int]:
+    from parallel_mlp.kernels.compile import KernelKey, kernel_ptx
     from parallel_mlp.kernels.config import GemmConfig
     from parallel_mlp.kernels.epilogue_spec import EpilogueSpec
 
     b_major = "row" if kind == "act" else "col"  # fc1's W1 and the dact's W2, as ParallelMLP passes them
     key = KernelKey(EpilogueSpec(kind, act), GemmConfig(128, 128, 1, 1, 8), "bfloat16", "row", b_major,
                     "bfloat16")
-    ptx = compile_kernel(key, keep_ptx=True).artifacts.PTX
-    ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
+    ptx = kernel_ptx(key)
     return {name: len(re.findall(pattern, ptx)) for name, pattern in OPS.items()}
 
 
 @pytest.mark.parametrize("kind", ["act", "dact"])
-def test_gelu_tanh_approx_takes_one_tanh_per_element(kind, monkeypatch):
+def test_gelu_tanh_approx_takes_one_tanh_per_element(kind):
     # the act and the dact (its derivative and the recomputed postact) share one tanh.approx
-    ops = _ops("gelu_tanh_approx", kind, monkeypatch)
+    ops = _ops("gelu_tanh_approx", kind)
     assert ops == {"tanh.approx.f32": VALUES_PER_THREAD, "ex2.approx": 0, "rcp.approx": 0, "div.f32": 0}
 
 
 @pytest.mark.parametrize("kind", ["act", "dact"])
-def test_swiglu_takes_one_sigmoid_per_pair(kind, monkeypatch):
+def test_swiglu_takes_one_sigmoid_per_pair(kind):
     # sigmoid = rcp.approx(1 + ex2.approx(...)), once per (gate, up) pair: the act's tile holds
     # interleaved pairs (32 per thread), the dact's tile counts hidden units (64 pairs per thread)
     pairs = VALUES_PER_THREAD // 2 if kind == "act" else VALUES_PER_THREAD
-    ops = _ops("swiglu", kind, monkeypatch)
+    ops = _ops("swiglu", kind)
     assert ops == {"tanh.approx.f32": 0, "ex2.approx": pairs, "rcp.approx": pairs, "div.f32": 0}
 
 
 @pytest.mark.parametrize("kind", ["act", "dact"])
-def test_exact_gelu_keeps_the_accurate_erf(kind, monkeypatch):
+def test_exact_gelu_keeps_the_accurate_erf(kind):
     # erf's accurate lowering (one ex2 inside, no tanh.approx); the dact adds the normal pdf's exp
-    ops = _ops("gelu", kind, monkeypatch)
+    ops = _ops("gelu", kind)
     per_value = 1 if kind == "act" else 2
     assert ops == {"tanh.approx.f32": 0, "ex2.approx": per_value * VALUES_PER_THREAD, "rcp.approx": 0,
                    "div.f32": 0}

@@ -62,11 +62,11 @@ def test_the_kernel_waits_before_its_first_global_access(case):
     pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
     import dataclasses
 
-    from parallel_mlp.kernels.compile import compile_kernel
+    from parallel_mlp.kernels.compile import kernel_ptx
 
     kind, act, cfg, b_major, out = CASES[case]
-    off = compile_kernel(_key(kind, act, cfg, b_major, out), keep_ptx=True).artifacts.PTX
-    on = compile_kernel(_key(kind, act, dataclasses.replace(cfg, pdl=True), b_major, out), keep_ptx=True).artifacts.PTX
+    off = kernel_ptx(_key(kind, act, cfg, b_major, out))
+    on = kernel_ptx(_key(kind, act, dataclasses.replace(cfg, pdl=True), b_major, out))
     assert "griddepcontrol" not in off
     assert on.count("griddepcontrol.wait") == 1 and on.count("griddepcontrol.launch_dependents") == 1
     wait, launch = on.index("griddepcontrol.wait"), on.index("griddepcontrol.launch_dependents")
