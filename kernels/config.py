@@ -495,6 +495,30 @@ def with_fewer_waves(cfg: GemmConfig, m: int, n: int, k: int) -> GemmConfig:
     return cfg
 
 
+# Stream-K 128x256 tiles below two waves (``is_big``) give way to whole 128x128 tiles where 256
+# columns pad N by more than this factor of what 128 columns pad it by: there the padded columns'
+# work costs more than 128x128's smaller tiles and coarser last wave. Held 0.4 s x 4 on an H100,
+# 2026-12-05 (bench configs --only dW2 --also tile_n=256,stream_k=1 ...; benchmarks/
+# h100-narrow-n-tiles.txt), dW2 += of T=8192 d=4096 swiglu h=1376 (4096 x 1376 x 8192, 1536 columns
+# against 1408; 2.67 waves of 128x128 clusters): 0.185 and 0.191 ms in stream-K 128x256 against
+# 0.170 and 0.171 in whole 128x128 (stream-K 128x128 0.180 and 0.182, stream-K 128x160 0.174 and
+# 0.175; cuBLAS 0.160); the same at T=16384 0.365 -> 0.346; fc1 + swiglu at T=4096 d=4096 h=688
+# (4096 x 1376 x 4096) 0.110 -> 0.088. The whole step at T=8192 h=1376 then ran even with
+# quack's (1.000x in 8 turns; 0.983x in the full sweep before, 1.002x in 6 turns).
+STREAM_K_WIDE_MAX_PAD = 1.05
+
+
+def with_narrow_whole_tiles(cfg: GemmConfig, n: int) -> GemmConfig:
+    """cfg, as whole 128x128 tiles where it is stream-K 128x256 and 256 columns would pad N by
+    more than STREAM_K_WIDE_MAX_PAD times what 128 columns pad it by. Independent of the epilogue
+    kind, as with_fewer_waves is."""
+    if not cfg.stream_k or cfg.tile_n != 256:
+        return cfg
+    if -(-n // 256) * 256 > STREAM_K_WIDE_MAX_PAD * -(-n // 128) * 128:
+        return dataclasses.replace(cfg, tile_n=128, stream_k=False)
+    return cfg
+
+
 @functools.lru_cache(maxsize=4096)  # on every launch's path; a pure function of its arguments
 def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind: str = "store") -> GemmConfig:
     """Pick a config for an (M, N, K) problem and an epilogue kind without timing anything.
@@ -534,7 +558,9 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
     Below two waves of 128x256 tiles, 128x128 tiles (whole or stream-K) and whole 128x256 tiles
     become whole 128x192 tiles where those run enough fewer waves (``with_fewer_waves``,
     WIDE_WAVES_MAX_SHARE: e.g. fc1 at T=512, d=1024, swiglu h=2816: one wave of 120 tiles
-    instead of two of 176, 0.015 -> 0.012 ms).
+    instead of two of 176, 0.015 -> 0.012 ms), and stream-K 128x256 tiles become whole 128x128
+    ones where 256 columns pad N much more than 128 do (``with_narrow_whole_tiles``,
+    STREAM_K_WIDE_MAX_PAD: dW2 at T=8192 d=4096 swiglu h=1376, 0.185 -> 0.170 ms on an H100).
     """
     def waves(tm, tn):
         tiles = -(-m // tm) * -(-n // tn)
@@ -563,8 +589,8 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
             return with_raster(cooperative)
         return pingpong
     if n > 128 and waves(128, 256) >= 1:
-        return with_fewer_waves(
-            with_stream_k(GemmConfig(128, 256, cm, 1, 8, num_sms, l2_prefetch=pf), m, n, k, kind), m, n, k)
+        return with_narrow_whole_tiles(with_fewer_waves(
+            with_stream_k(GemmConfig(128, 256, cm, 1, 8, num_sms, l2_prefetch=pf), m, n, k, kind), m, n, k), n)
     if waves(128, 128) >= 1:
         return with_fewer_waves(
             with_stream_k(GemmConfig(128, 128, 1, 1, 8, num_sms, l2_prefetch=pf), m, n, k, kind), m, n, k)

@@ -654,6 +654,29 @@ def test_default_big_gemm_act_and_recompute_bits(act, bias, shape):
         assert torch.equal(ops.gemm(x, w.t()), pre)
 
 
+# Below two waves of 128x256 tiles, where stream-K 128x256 tiles would pad N much more than 128
+# columns do (config.STREAM_K_WIDE_MAX_PAD): whole 128x128 tiles, tails in M, N and K
+NARROW_WHOLE = (4104, 8200, 1320)
+
+
+def test_default_narrow_whole_tiles_gemm_and_accumulate():
+    from parallel_mlp.kernels import ops
+    from parallel_mlp.kernels.config import default_config
+
+    m, k, n = NARROW_WHOLE
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    cfg = default_config(m, n, k, sms, "accumulate")
+    assert (cfg.tile_m, cfg.tile_n, cfg.stream_k) == (128, 128, False)
+    at = operand(m, k, "col", torch.bfloat16, k ** -0.5)  # the wgrad layout
+    b = operand(k, n, "col", torch.bfloat16)
+    base = torch.randn(m, n, device="cuda")
+    acc = base.clone()
+    ops.gemm(at, b, out=acc, accumulate=True)
+    ops.gemm(at, b, out=acc, accumulate=True)
+    check(acc, base + 2 * (at.float() @ b.float()), base + 2 * (at @ b).float(), "narrow whole-tile accumulate")
+    check(ops.gemm(at, b), at.float() @ b.float(), at @ b, "narrow whole-tile gemm")
+
+
 # A big dact past SHORT_K_DACT_MAX_K (BIG_TAILED's K = 1000 takes the short-K cooperative tiles)
 BIG_DACT_PINGPONG = (4104, 2104, 4200)  # K rows 16-byte aligned, as TMA needs
 

@@ -306,6 +306,40 @@ def test_gemms_below_two_wide_waves_take_128x192_where_it_runs_fewer_waves():
     assert with_fewer_waves(cfg, 512, 5632, UNDERFILLED_STREAM_K_MIN_K) == cfg
 
 
+def test_stream_k_128x256_takes_whole_128x128_tiles_where_256_columns_pad_n_much_more():
+    """with_narrow_whole_tiles: below two waves of 128x256 tiles (not big), stream-K 128x256
+    becomes whole 128x128 tiles in the same clusters where 256 columns pad N by more than
+    STREAM_K_WIDE_MAX_PAD times 128's padding, for every epilogue kind alike (fc1 and its
+    recompute replay round the same sums); other N and big GEMMs keep their config. The GEMMs
+    timed for the rule, and the sweep's stream-K wgrads it leaves alone, on 132 SMs."""
+    from parallel_mlp.kernels.config import STREAM_K_WIDE_MAX_PAD, default_config, with_narrow_whole_tiles
+
+    def picked(m, n, k, kind):
+        c = default_config(m, n, k, 132, kind)
+        return c.tile_m, c.tile_n, c.cluster_m, c.consumers, c.stream_k
+
+    narrow = (128, 128, 2, "cooperative", False)
+    # dW2 += at T=8192 and 16384, d=4096 swiglu h=1376: 1536 padded columns against 1408
+    assert 1536 > STREAM_K_WIDE_MAX_PAD * 1408
+    assert picked(4096, 1376, 8192, "accumulate") == narrow
+    assert picked(4096, 1376, 16384, "accumulate") == narrow
+    # fc1 at T=4096 d=4096 swiglu h=688: act, the recompute's plain replay and a dact alike
+    for kind in ("act", "store"):
+        assert picked(4096, 1376, 4096, kind) == narrow, kind
+    # N padded alike by either width: stream-K 128x256 stays (T=65536 d=2048 h=704 dW2, T=8192
+    # d=1024 dW1, T=1000 d=5120 fc2)
+    assert picked(2048, 704, 65536, "accumulate") == (128, 256, 2, "cooperative", True)
+    assert picked(5632, 1024, 8192, "accumulate") == (128, 256, 2, "cooperative", True)
+    assert picked(1000, 5120, 10240, "store") == (128, 256, 2, "cooperative", True)
+    # big GEMMs are not this rule's: dW2 at h=5504 (1.023 of 128's padding) keeps its config
+    assert picked(4096, 5504, 8192, "accumulate")[1:] == (256, 2, "cooperative", True)
+    # whole tiles and other widths pass through
+    whole = GemmConfig(128, 256, 2, 1, 8, 132)
+    assert with_narrow_whole_tiles(whole, 1376) == whole
+    sk192 = GemmConfig(128, 192, 2, 1, 8, 132, stream_k=True)
+    assert with_narrow_whole_tiles(sk192, 1376) == sk192
+
+
 def test_raster_options_validation_and_key():
     assert (GemmConfig().raster_along, GemmConfig().serpentine) == ("n", False)
     assert GemmConfig(128, 128, raster_along="m").key == "t128x128_c1x1_g8_sm132_rm"
