@@ -503,8 +503,8 @@ def with_fewer_waves(cfg: GemmConfig, m: int, n: int, k: int) -> GemmConfig:
 # against 1408; 2.67 waves of 128x128 clusters): 0.185 and 0.191 ms in stream-K 128x256 against
 # 0.170 and 0.171 in whole 128x128 (stream-K 128x128 0.180 and 0.182, stream-K 128x160 0.174 and
 # 0.175; cuBLAS 0.160); the same at T=16384 0.365 -> 0.346; fc1 + swiglu at T=4096 d=4096 h=688
-# (4096 x 1376 x 4096) 0.110 -> 0.088. The whole step at T=8192 h=1376 then ran even with
-# quack's (1.000x in 8 turns; 0.983x in the full sweep before, 1.002x in 6 turns).
+# (4096 x 1376 x 4096) 0.110 -> 0.088. The whole step at T=8192 h=1376 then read 1.000x and
+# 0.988x quack's in two runs (8 and 6 turns; 0.983x in the full sweep before, 1.002x in 6 turns).
 STREAM_K_WIDE_MAX_PAD = 1.05
 
 
