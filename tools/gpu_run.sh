@@ -112,6 +112,8 @@
 #                    on the measured bandwidth (~8 min)
 #     tp_sp          the same, sequence parallel, with PyTorch's async TP beside them (~8 min)
 #     profile        one MLP step's kernels and idle gaps, ours and eager (torch.profiler), and
+#     profile_narrow  where the step's time goes at T=8192 d=4096 swiglu h=1376 (every kernel and the
+#                    GPU's idle gaps between them: 44 µs a step against quack's 30 there, H100)
 #                    where the host time of one launch goes
 #     launch_graphs  the fused function's launch groups replayed from CUDA graphs (launch_graphs.py): their
 #                    GPU tests (bitwise the launches' results, the step peak no higher, a capture after
@@ -221,6 +223,7 @@ declare -A CMD=(
   [tp]="timeout 120 python3 -m pytest -q -m gpu tests/test_layer_gpu.py -k nccl; timeout 420 python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m parallel_mlp.bench tp --configs swiglu:28672,swiglu:14336,gelu_tanh_approx:32768 --json $OUT/tp.json; python3 -m parallel_mlp.bench tp-model --tp-json $OUT/tp.json"
   [tp_sp]="timeout 480 python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m parallel_mlp.bench tp --sequence-parallel --configs swiglu:28672,swiglu:14336,gelu_tanh_approx:32768 --json $OUT/tp-sp.json"
   [profile]="timeout 200 $BENCH profile && timeout 150 $BENCH profile --h 7168 && timeout 60 $BENCH host"
+  [profile_narrow]="timeout 200 $BENCH profile --T 8192 --d 4096 --h 1376 --act swiglu --steps 10"
   [launch_graphs]="timeout 150 python3 tools/pytest_shards.py 12 -m gpu tests/test_layer_gpu.py -k launch_graphs; timeout 200 python3 tools/launch_graphs_ab.py"
   [held_turns]="timeout 120 python3 -m parallel_mlp.kernels.warmup --shapes 512:1024:512:gelu_tanh_approx,512:1024:2816:swiglu,4096:1024:4096:gelu_tanh_approx -j 16; timeout 400 python3 tools/held_turns_probe.py"
   [kernels_vs_quack]="timeout 150 python3 -m parallel_mlp.kernels.warmup --shapes 8192:8192:8192:gelu_tanh_approx,16384:8192:11008:swiglu,8192:4096:14336:swiglu -j 16; timeout 400 python3 tools/kernels_vs_quack.py --rounds 6"
@@ -245,7 +248,7 @@ declare -A CMD=(
   [ncu_dact_pingpong]="timeout 100 python3 -m parallel_mlp.kernels.warmup --shapes 8192:1024:2816:swiglu --also consumers=pingpong,tile_n=128,cluster_m=2,dact_prefetch=2,epi_n=16 -j 16; timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 4 --launch-count 4 --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section SchedulerStats --section WarpStateStats --metrics \$(ncu --query-metrics 2>/dev/null | grep -q sm__pipe_tensor_op_gmma_cycles_active && echo sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,)l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,smsp__inst_executed.sum,sm__cycles_elapsed.avg $BENCH ncu-cases --short-k-pingpong"
   [ncu_dact]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 6 --launch-count 6 --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section Occupancy --section ComputeWorkloadAnalysis --section InstructionStats $BENCH ncu-cases --short-k-dact"
 )
-ORDER=(tests_kernels tests_layer tests_defaults tests_all streamk streamk_fill configs_small configs_wave configs_mid configs_long_k configs_dact configs_swap configs_ring configs_raster configs_narrow_gelu configs_narrow_ring configs_narrow_n tests_pdl pdl short_k_probe plain_gemms plain_gemms_host gemm mlp sweep sweep_ceiling sweep_plain_launches sweep_below_eager sweep_small sweep_graphed tp tp_sp profile launch_graphs launch_keys held_turns kernels_vs_quack kernels_vs_quack_below graph_memory memory_trace small_step_variants host_paths timing_spread host_step host_stages host_env host_phases cold clock full ncu ncu_dact ncu_dact_pingpong ncu_smem ncu_vs_quack ncu_epilogue_gap)
+ORDER=(tests_kernels tests_layer tests_defaults tests_all streamk streamk_fill configs_small configs_wave configs_mid configs_long_k configs_dact configs_swap configs_ring configs_raster configs_narrow_gelu configs_narrow_ring configs_narrow_n tests_pdl pdl short_k_probe plain_gemms plain_gemms_host gemm mlp sweep sweep_ceiling sweep_plain_launches sweep_below_eager sweep_small sweep_graphed tp tp_sp profile profile_narrow launch_graphs launch_keys held_turns kernels_vs_quack kernels_vs_quack_below graph_memory memory_trace small_step_variants host_paths timing_spread host_step host_stages host_env host_phases cold clock full ncu ncu_dact ncu_dact_pingpong ncu_smem ncu_vs_quack ncu_epilogue_gap)
 
 steps=("$@")
 if [ ${#steps[@]} -eq 0 ]; then
