@@ -695,10 +695,16 @@ def test_held_turns_probe_times_each_way_and_counts_the_turns(monkeypatch, capsy
 def test_kernels_vs_quack_averages_each_kernel_over_the_profiled_steps():
     tool = _tool("kernels_vs_quack")
     steps = tool.STEPS
-    kernels = [(name, float(us + s)) for s in range(steps) for name, us in (("fc1", 10), ("fc2", 20))]
-    assert tool.per_step(kernels) == [("fc1", 10 + (steps - 1) / 2), ("fc2", 20 + (steps - 1) / 2)]
-    # a list that does not split into equal steps is shown as it is, not misattributed
-    assert tool.per_step(kernels[:-1]) == kernels[:-1]
+    # step s: fc1 starts at 100 s and runs 10 + s µs, fc2 starts 3 µs after it ends and runs 20 µs
+    kernels = []
+    for s in range(steps):
+        kernels += [("fc1", 100.0 * s, 10.0 + s), ("fc2", 100.0 * s + 13 + s, 20.0)]
+    # fc1's idle time: from the step before's fc2 end (100 (s - 1) + 13 + (s - 1) + 20) to 100 s
+    fc1_idle = [68.0 - s for s in range(1, steps)]
+    assert tool.per_step(kernels) == [("fc1", 10 + (steps - 1) / 2, sum(fc1_idle) / len(fc1_idle)),
+                                      ("fc2", 20.0, 3.0)]
+    # a list that does not split into equal steps is shown kernel by kernel, not misattributed
+    assert tool.per_step(kernels[:3]) == [("fc1", 10.0, 0.0), ("fc2", 20.0, 3.0), ("fc1", 11.0, 67.0)]
     assert tool.short("k" * 96) == "k" * 96
     long = "a" * 70 + "b" * 60
     assert tool.short(long).startswith("a" * 60) and tool.short(long).endswith("b" * 33)

@@ -8,8 +8,8 @@ configs, as the sweep runs it) on the same weights, each warmed and then held fo
 ``--rounds`` rounds in which each runs ten steps under torch.profiler, the models in turn (the
 order reversed each round), then ``--rounds`` held turns of 1 s each (the sweep's timing: the
 median of a turn's settled calls, each between two CUDA events). Printed per model: its kernels
-in launch order with the mean time of each per step (µs; the kernel name shortened), their sum,
-and the held step's time; then quack's step time over ours round by round. Kernels run back to
+in launch order with the mean time of each per step and the GPU's idle time before it (µs; the
+kernel name shortened), their sums, and the held step's time; then quack's step time over ours round by round. Kernels run back to
 back on a GPU-bound step, so each time is its own, and a step's time above its kernels' sum is
 time the GPU spent waiting; the two models' lists are matched by hand (both launch fc1 +
 activation, fc2, then the backward's GEMMs).
@@ -34,8 +34,8 @@ SHAPES = [(8192, 8192, 8192, "gelu_tanh_approx"), (16384, 8192, 11008, "swiglu")
 STEPS = 10
 
 
-def profile_steps(fn) -> list[tuple[str, float]]:
-    """[(kernel name, µs)] of STEPS calls of fn, in launch order."""
+def profile_steps(fn) -> list[tuple[str, float, float]]:
+    """[(kernel name, start µs, µs)] of STEPS calls of fn, in launch order."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for i in range(STEPS):
             fn(i)
@@ -43,16 +43,25 @@ def profile_steps(fn) -> list[tuple[str, float]]:
     events = sorted((e.time_range.start, e.name, e.time_range.end - e.time_range.start)
                     for e in prof.events()
                     if e.device_type == torch.autograd.DeviceType.CUDA)
-    return [(name, dt) for _, name, dt in events]
+    return [(name, start, dt) for start, name, dt in events]
 
 
-def per_step(kernels: list[tuple[str, float]]) -> list[tuple[str, float]]:
-    """The kernels of one step (the list cut in STEPS equal parts), each its mean over them."""
+def per_step(kernels: list[tuple[str, float, float]]) -> list[tuple[str, float, float]]:
+    """The kernels of one step (the list cut in STEPS equal parts): each kernel's name, its mean
+    µs over the steps and the mean µs the GPU idled before it (from the end of the kernel before:
+    for a step's first kernel, the previous step's last; the first profiled kernel has none and
+    counts in no mean). A list that does not cut into equal steps comes back kernel by kernel."""
+    gaps = [None] + [start - (p_start + p_dt)
+                     for (_, p_start, p_dt), (_, start, _) in zip(kernels, kernels[1:])]
     n = len(kernels) // STEPS
     if n == 0 or n * STEPS != len(kernels):
-        return [(name, dt) for name, dt in kernels]
-    return [(kernels[k][0], sum(kernels[s * n + k][1] for s in range(STEPS)) / STEPS)
-            for k in range(n)]
+        return [(name, dt, gap or 0.0) for (name, _, dt), gap in zip(kernels, gaps)]
+    out = []
+    for k in range(n):
+        durations = [kernels[s * n + k][2] for s in range(STEPS)]
+        idle = [gaps[s * n + k] for s in range(STEPS) if gaps[s * n + k] is not None]
+        out.append((kernels[k][0], sum(durations) / STEPS, sum(idle) / len(idle) if idle else 0.0))
+    return out
 
 
 def short(name: str) -> str:
@@ -82,13 +91,15 @@ def probe(shape, rounds: int) -> None:
     print(f"== T={tokens} d={d} h={h} {act}", flush=True)
     for name, steps in lists.items():
         n = min(len(s) for s in steps)
-        print(f"  {name}: {n} kernels a step, µs (mean of {rounds} rounds x {STEPS} steps)")
-        total = 0.0
+        print(f"  {name}: {n} kernels a step, µs and the GPU's idle µs before each (mean of {rounds} "
+              f"rounds x {STEPS} steps, under the profiler)")
+        total = idle = 0.0
         for k in range(n):
             us = sum(s[k][1] for s in steps) / len(steps)
-            total += us
-            print(f"    {us:9.1f}  {short(steps[0][k][0])}")
-        print(f"    {total:9.1f}  sum; the held step {statistics.median(held[name]) * 1e3:.1f} µs")
+            gap = sum(s[k][2] for s in steps) / len(steps)
+            total, idle = total + us, idle + gap
+            print(f"    {us:9.1f} {gap:7.1f}  {short(steps[0][k][0])}")
+        print(f"    {total:9.1f} {idle:7.1f}  sums; the held step {statistics.median(held[name]) * 1e3:.1f} µs")
     ratios = [q / o for q, o in zip(held["quack"], held["ours"])]
     print("  quack / ours, held, round by round: " + " ".join(f"{r:.4f}" for r in ratios)
           + f"; median {statistics.median(ratios):.4f}")
