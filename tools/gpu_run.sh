@@ -111,7 +111,7 @@
 #                    with and without tp_comm_overlap against Megatron-style eager; then tp-model
 #                    on the measured bandwidth (~8 min)
 #     tp_sp          the same, sequence parallel, with PyTorch's async TP beside them (~8 min)
-#     profile        one MLP step's kernels and idle gaps, ours and eager (torch.profiler), and
+#     profile        one MLP step's kernels and idle gaps, ours, eager and quack (torch.profiler), and
 #     profile_narrow  where the step's time goes at T=8192 d=4096 swiglu h=1376 (every kernel and the
 #                    GPU's idle gaps between them: 44 µs a step against quack's 30 there, H100)
 #                    where the host time of one launch goes

@@ -2,8 +2,9 @@
 
     python -m parallel_mlp.bench profile [--act swiglu --h 14336 --T 8192 --d 4096 --steps 6]
 
-For ours (ParallelMLP on the default backend, with and without recompute) and PyTorch eager,
-after warm-up steps, runs `--steps` training steps (the bench's `train_step`) under torch.profiler
+For ours (ParallelMLP on the default backend, with and without recompute), PyTorch eager and,
+where it is installed and runs the shape, quack's MLP (its defaults, as the sweep runs it), after
+warm-up steps, runs `--steps` training steps (the bench's `train_step`) under torch.profiler
 and prints per step: the wall time between the first kernel's start and the last kernel's end,
 the summed kernel time, the gaps (the GPU idle, e.g. waiting for the host), and each kernel's
 time in launch order. A step that is
@@ -128,6 +129,7 @@ def main(argv=None) -> int:
         raise SystemExit("profile needs a CUDA GPU")
 
     from ..activations import get_activation
+    from . import quack_baseline
     from .models import EagerMLP, build_parallel_mlp, chunked_w1, train_step
 
     gated = get_activation(args.act).gated
@@ -144,6 +146,11 @@ def main(argv=None) -> int:
         "ours recompute": build_parallel_mlp(w1, w2, args.act, args.h, recompute=True),
         "eager": EagerMLP(chunked_w1(w1, gated), w2.clone(), args.act),
     }
+    quack_off = quack_baseline.load()[1] or quack_baseline.off_fused_path(w1, w2, args.act)
+    if quack_off:
+        print(f"quack: not profiled ({quack_off})")
+    else:
+        models["quack"] = quack_baseline.build(w1, w2, args.act, args.h)
     print(f"{args.act} h={args.h} T={T} d={d} bf16, {args.steps} profiled steps; {torch.cuda.get_device_name()}")
     for name, model in models.items():
         step = lambda: train_step(model, x, dy)  # noqa: E731
