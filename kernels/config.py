@@ -339,6 +339,12 @@ def is_big(m: int, n: int, num_sms: int = DEFAULT_NUM_SMS) -> bool:
     return -(-m // 128) * -(-n // 256) >= 2 * num_sms
 
 
+def pads_much_more(n: int, tile_n: int, limit: float) -> bool:
+    """Whether tile_n-wide tiles pad N to more than ``limit`` times the columns 128-wide tiles
+    pad it to (WIDE_TILE_MAX_PAD, STREAM_K_WIDE_MAX_PAD)."""
+    return -(-n // tile_n) * tile_n > limit * (-(-n // 128) * 128)
+
+
 def big_pingpong_config(m: int, n: int, num_sms: int = DEFAULT_NUM_SMS, kind: str = "store") -> GemmConfig:
     """The pingpong config of a big GEMM (``is_big``): 2x1 cluster, walking groups of 8 cluster
     rows (``with_raster``), one warpgroup's epilogue running under the other's mainloop.
@@ -364,7 +370,7 @@ def big_pingpong_config(m: int, n: int, num_sms: int = DEFAULT_NUM_SMS, kind: st
                           l2_prefetch=kind == "accumulate", **dact)
 
     wide, narrow = config(192), config(128)
-    if -(-n // 192) * 192 > WIDE_TILE_MAX_PAD * -(-n // 128) * 128:
+    if pads_much_more(n, 192, WIDE_TILE_MAX_PAD):
         return with_raster(narrow)
     if (wave_columns(wide, m, n) / WIDE_TILE_SPEEDUP
             >= NARROW_TILE_MIN_GAIN * wave_columns(narrow, m, n)):
@@ -514,7 +520,7 @@ def with_narrow_whole_tiles(cfg: GemmConfig, n: int) -> GemmConfig:
     kind, as with_fewer_waves is."""
     if not cfg.stream_k or cfg.tile_n != 256:
         return cfg
-    if -(-n // 256) * 256 > STREAM_K_WIDE_MAX_PAD * -(-n // 128) * 128:
+    if pads_much_more(n, 256, STREAM_K_WIDE_MAX_PAD):
         return dataclasses.replace(cfg, tile_n=128, stream_k=False)
     return cfg
 

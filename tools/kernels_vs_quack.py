@@ -9,10 +9,10 @@ configs, as the sweep runs it) on the same weights, each warmed and then held fo
 order reversed each round), then ``--rounds`` held turns of 1 s each (the sweep's timing: the
 median of a turn's settled calls, each between two CUDA events). Printed per model: its kernels
 in launch order with the mean time of each per step and the GPU's idle time before it (µs; the
-kernel name shortened), their sums, and the held step's time; then quack's step time over ours round by round. Kernels run back to
-back on a GPU-bound step, so each time is its own, and a step's time above its kernels' sum is
-time the GPU spent waiting; the two models' lists are matched by hand (both launch fc1 +
-activation, fc2, then the backward's GEMMs).
+kernel name shortened), their sums, and the held step's time; then quack's step time over ours
+round by round. Kernels run back to back on a GPU-bound step, so each time is its own, and a
+step's time above its kernels' sum is time the GPU spent waiting; the two models' lists are
+matched by hand (both launch fc1 + activation, fc2, then the backward's GEMMs).
 """
 
 from __future__ import annotations

@@ -312,7 +312,12 @@ def test_stream_k_128x256_takes_whole_128x128_tiles_where_256_columns_pad_n_much
     STREAM_K_WIDE_MAX_PAD times 128's padding, for every epilogue kind alike (fc1 and its
     recompute replay round the same sums); other N and big GEMMs keep their config. The GEMMs
     timed for the rule, and the sweep's stream-K wgrads it leaves alone, on 132 SMs."""
-    from parallel_mlp.kernels.config import STREAM_K_WIDE_MAX_PAD, default_config, with_narrow_whole_tiles
+    from parallel_mlp.kernels.config import (
+        STREAM_K_WIDE_MAX_PAD,
+        default_config,
+        pads_much_more,
+        with_narrow_whole_tiles,
+    )
 
     def picked(m, n, k, kind):
         c = default_config(m, n, k, 132, kind)
@@ -321,6 +326,9 @@ def test_stream_k_128x256_takes_whole_128x128_tiles_where_256_columns_pad_n_much
     narrow = (128, 128, 2, "cooperative", False)
     # dW2 += at T=8192 and 16384, d=4096 swiglu h=1376: 1536 padded columns against 1408
     assert 1536 > STREAM_K_WIDE_MAX_PAD * 1408
+    assert pads_much_more(1376, 256, STREAM_K_WIDE_MAX_PAD)
+    # 704 and 1024 pad to 768 and 1024 either way; 5504 to 5632 against 5504 (1.023)
+    assert not any(pads_much_more(n, 256, STREAM_K_WIDE_MAX_PAD) for n in (704, 1024, 5504))
     assert picked(4096, 1376, 8192, "accumulate") == narrow
     assert picked(4096, 1376, 16384, "accumulate") == narrow
     # fc1 at T=4096 d=4096 swiglu h=688: act, the recompute's plain replay and a dact alike
