@@ -118,13 +118,14 @@ def fake_args(key: KernelKey):
 
 
 @contextlib.contextmanager
-def _dsl_safe_argv():
+def dsl_safe_argv():
     """Hide the process's command line from the DSL while it compiles.
 
-    The DSL runs ``argparse.parse_known_args()`` over ``sys.argv`` on every compile (looking for
-    its ``-diagnostic`` flag). A user's own flags then collide with it: ``--h 7168`` is taken as
+    Where it builds a JIT engine (on a GPU host) the DSL runs ``argparse.parse_known_args()`` over
+    ``sys.argv`` on every compile (looking for its ``-diagnostic`` flag). A user's own flags then collide with it: ``--h 7168`` is taken as
     an abbreviation of ``--help`` (prints usage and exits), ``-d 4096`` as ``-diagnostic 4096``
-    (an invalid choice: exits). So our compiles see a bare argv.
+    (an invalid choice: exits). So our compiles see a bare argv, and so does anything else that
+    compiles through the DSL under this context (the benchmark runs quack's MLP inside it).
     """
     saved = sys.argv
     sys.argv = saved[:1] if saved else ["python"]
@@ -144,7 +145,7 @@ def compile_kernel(key: KernelKey, keep_ptx: bool = False):
 
     kernel = PersistentGemmSm90(key.config, key.epilogue)
     args = fake_args(key)
-    with _dsl_safe_argv(), warnings.catch_warnings():
+    with dsl_safe_argv(), warnings.catch_warnings():
         # Stream-K unrolls its loops over a thread's accumulators on purpose (range_constexpr:
         # each value's offset and register are static), 64-192 iterations; the DSL warns that
         # such a loop may compile slowly (these compile in 1-3 s).

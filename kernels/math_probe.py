@@ -46,9 +46,9 @@ def compile_probe(name: str, n: int = 128):
     x = make_fake_compact_tensor(Float32, (n,))
     y = make_fake_compact_tensor(Float32, (n,))
     out = make_fake_compact_tensor(Float32, (n, 3), stride_order=(1, 0))
-    from .compile import _dsl_safe_argv
+    from .compile import dsl_safe_argv
 
-    with tempfile.TemporaryDirectory() as d, _dsl_safe_argv():
+    with tempfile.TemporaryDirectory() as d, dsl_safe_argv():
         fn = cute.compile(_Probe(name), x, y, out, options=f"--gpu-arch sm_90a --keep-ptx --dump-dir={d}")
     ptx = fn.artifacts.PTX
     return ptx.decode() if isinstance(ptx, bytes) else ptx
@@ -61,9 +61,9 @@ def run_probe(name: str, x, y):
 
     n = x.numel()
     out = torch.empty(n, 3, device=x.device, dtype=torch.float32)
-    from .compile import _dsl_safe_argv
+    from .compile import dsl_safe_argv
 
-    with _dsl_safe_argv():
+    with dsl_safe_argv():
         fn = cute.compile(_Probe(name), from_dlpack(x), from_dlpack(y), from_dlpack(out), options="--gpu-arch sm_90a")
     fn(from_dlpack(x), from_dlpack(y), from_dlpack(out))
     return out

@@ -1,6 +1,8 @@
 """The GPU timing commands' command lines (CPU): `configs --also FIELD=VALUE` parsing and its
 refusal of what is not a GemmConfig field, and the message of the GPU-only commands without a GPU."""
 
+import sys
+
 import pytest
 import torch
 
@@ -116,3 +118,17 @@ def test_a_config_column_invalid_for_a_row_reads_not_available():
 
     assert _runnable(invalid) is None
     assert _runnable(valid) is valid
+
+
+def test_a_command_runs_with_a_bare_sys_argv_and_gets_its_flags(monkeypatch):
+    # quack compiles through the CuTe DSL, which parses sys.argv on every compile: the bench's
+    # own `--h 1376` would read there as --help and end the process.
+    from parallel_mlp.bench import __main__ as entry
+    from parallel_mlp.bench import profile_step
+
+    seen = []
+    monkeypatch.setattr(profile_step, "main", lambda argv: seen.append((list(sys.argv), argv)) or 0)
+    monkeypatch.setattr(sys, "argv", ["bench", "profile", "--h", "1376"])
+    assert entry.main() == 0
+    assert seen == [(["bench"], ["--h", "1376"])]
+    assert sys.argv == ["bench", "profile", "--h", "1376"]

@@ -48,7 +48,14 @@ def main(argv=None) -> int:
         print(f"unknown command {command!r}\n\n{usage()}", file=sys.stderr)
         return 2
     module, kwargs, _ = COMMANDS[command]
-    return importlib.import_module(f"{__package__}.{module}").main(argv, **kwargs)
+    command_main = importlib.import_module(f"{__package__}.{module}").main
+    # quack compiles its kernels through the CuTe DSL at their first call, and the DSL parses
+    # sys.argv on every compile: our --h would read as --help there and end the process. The
+    # command has its flags in `argv`; sys.argv stays bare while it runs.
+    from ..kernels.compile import dsl_safe_argv
+
+    with dsl_safe_argv():
+        return command_main(argv, **kwargs)
 
 
 if __name__ == "__main__":

@@ -385,12 +385,13 @@ def probe_ours(ctx: Ctx) -> None:
 
 
 def environment(ctx: Ctx) -> dict:
-    """What ran the measurements: versions, device, kernel cache, git revision, command line."""
+    """What ran the measurements: versions, device, kernel cache, git revision, command line (as
+    the interpreter got it: the bench hides sys.argv from the DSL while a command runs)."""
     meta = {"torch": torch.__version__, "python": sys.version.split()[0],
             "device": torch.cuda.get_device_name(ctx.device) if ctx.cuda else "cpu",
             "cuda": torch.version.cuda, "backend": ctx.backend,
             "ours_unavailable": ctx.ours_reason, "l2_bytes": ctx.l2_bytes,
-            "argv": sys.argv[1:], "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+            "argv": sys.orig_argv, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     try:
         from importlib.metadata import version
         meta["cutlass_dsl"] = version("nvidia-cutlass-dsl")
