@@ -468,6 +468,14 @@ def has_partial_wave(cfg: GemmConfig, m: int, n: int) -> bool:
     return waves > 0 and rem > 0
 
 
+def last_wave_waste(cfg: GemmConfig, m: int, n: int) -> float:
+    """The share of the persistent grid's time its last, partial wave of tile clusters leaves
+    idle: (1 - R/G) / (W + 1) for W full waves and R of G clusters busy in the last; 0 without a
+    full wave or without a partial one."""
+    waves, rem, grid = cluster_waves(cfg, m, n)
+    return (1 - rem / grid) / (waves + 1) if has_partial_wave(cfg, m, n) else 0.0
+
+
 def with_stream_k(cfg: GemmConfig, m: int, n: int, k: int, kind: str) -> GemmConfig:
     """cfg with stream_k on where its last wave would leave enough of the grid idle
     (STREAM_K_MIN_WASTE) and K is long (STREAM_K_MIN_K). Only cooperative static tiles of up to
@@ -477,11 +485,10 @@ def with_stream_k(cfg: GemmConfig, m: int, n: int, k: int, kind: str) -> GemmCon
         return cfg
     if k < STREAM_K_MIN_K:
         return cfg
-    waves, rem, grid = cluster_waves(cfg, m, n)
     # Only after a full wave. With fewer tile clusters than the grid holds, stream-K shares their
     # K blocks over the whole grid; default_config asks for that itself where it pays
     # (UNDERFILLED_STREAM_K_MIN_K).
-    if has_partial_wave(cfg, m, n) and (1 - rem / grid) / (waves + 1) >= STREAM_K_MIN_WASTE:
+    if last_wave_waste(cfg, m, n) >= STREAM_K_MIN_WASTE:
         return dataclasses.replace(cfg, stream_k=True)
     return cfg
 
@@ -501,6 +508,19 @@ def with_fewer_waves(cfg: GemmConfig, m: int, n: int, k: int) -> GemmConfig:
     return cfg
 
 
+# Big GEMMs of these kinds at K below COOPERATIVE_MIN_K run stream-K 128x256 (``with_stream_k``)
+# instead of whole pingpong 128x192 tiles where the pingpong tiles' last wave leaves at least
+# STREAM_K_MIN_WASTE of the grid's time idle too and cooperative 128x256's whole tiles would take
+# no more columns of tile time (``wave_columns``). Held 0.4 s x 6 on an H100, 2026-12-05 (`bash
+# tools/gpu_run.sh configs_sk_pingpong`; benchmarks/h100-sk-over-pingpong.txt), ms, stream-K
+# against pingpong, swiglu: fc1 + act at T=8192 d=4096 h=1376 (8192 x 2752 x 4096: 1536 columns either
+# way) 0.299 against 0.312 and plain 0.286 against 0.305 (cuBLAS 0.282); at T=4096 h=2752
+# (4096 x 5504 x 4096, 1536 either way) 0.308 against 0.307 and 0.296 against 0.303. Where 256
+# columns take more (1024 against 960: T=4096 h=1792, T=2048 h=3584, T=4096 d=5120 h=1728) stream-K
+# ran 0-5% slower, as the rule of thumb of STREAM_K_MIN_WASTE (half the idle share, less 1.5%)
+# over cooperative 128x256's ~2% more energy per column than pingpong 128x192's predicts; fc2 and
+# dx of Qwen2.5-7B at T=4096 TP4 and TP8 tied (0.222-0.223 against 0.223-0.224).
+STREAM_K_OVER_PINGPONG_KINDS = ("store", "act")
 # Stream-K 128x256 tiles below two waves (``is_big``) give way to whole 128x128 tiles where 256
 # columns pad N by more than this factor of what 128 columns pad it by: there the padded columns'
 # work costs more than 128x128's smaller tiles and coarser last wave. Held 0.4 s x 4 on an H100,
@@ -545,6 +565,9 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
     which leaves a 128x128 tile 5 A/B stages (with 3, plain fc1 ran 3.950 ms against 2.704 at 5).
     Held, pingpong 128x192 beats cooperative 128x256 at K = 4096 on energy: dy@W2 1.453 against
     1.503 ms (tools/clock_probe.py, 2 s turns). See kernels/NOTES.md, "Consumer schedules".
+    Store and act take stream-K 128x256 instead where pingpong's last wave idles part of the grid
+    and cooperative's whole tiles would take no more columns (STREAM_K_OVER_PINGPONG_KINDS: fc1
+    at T=8192 d=4096 swiglu h=1376, 0.312 -> 0.299 ms on an H100).
 
     The accumulate (fp32 main-grad) epilogue gets the L2 prefetch of its D tile: 0.5-1.4%
     faster on the MLP's wgrad shapes (call by call, bench configs --also l2_prefetch=1). The dact
@@ -593,6 +616,10 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
                 return with_raster(cooperative)
         elif narrow_cooperative:
             return with_raster(cooperative)
+        elif (kind in STREAM_K_OVER_PINGPONG_KINDS and cooperative.stream_k
+                and last_wave_waste(pingpong, m, n) >= STREAM_K_MIN_WASTE
+                and wave_columns(cooperative, m, n) <= wave_columns(pingpong, m, n)):
+            return cooperative
         return pingpong
     if n > 128 and waves(128, 256) >= 1:
         return with_narrow_whole_tiles(with_fewer_waves(

@@ -614,9 +614,15 @@ BIG_LONG_K_WAVES = (2568, 6200, 5640)
 # K from NARROW_COOPERATIVE_MIN_K, below COOPERATIVE_MIN_K, where pingpong would take 128x128
 # tiles: cooperative 128x256 for store and act (accumulate keeps pingpong), tails in M, N, K
 BIG_NARROW_COOP = (5512, 4200, 1288)
+# K from STREAM_K_MIN_K, below COOPERATIVE_MIN_K, where pingpong 128x192's last wave and
+# cooperative 128x256's both leave the grid idle: stream-K 128x256 for store and act
+# (config.STREAM_K_OVER_PINGPONG_KINDS; accumulate keeps pingpong), tails in M, N and K
+BIG_SK_OVER_PINGPONG = (8200, 4104, 2760)
+BIG_SHAPE_IDS = ["tailed", "long_k", "long_k_waves", "narrow_coop", "sk_over_pingpong"]
 
 
-@pytest.mark.parametrize("shape", [BIG_TAILED, BIG_LONG_K, BIG_LONG_K_WAVES, BIG_NARROW_COOP])
+@pytest.mark.parametrize("shape", [BIG_TAILED, BIG_LONG_K, BIG_LONG_K_WAVES, BIG_NARROW_COOP,
+                                   BIG_SK_OVER_PINGPONG], ids=BIG_SHAPE_IDS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_default_big_gemm_and_accumulate(dtype, shape):
     from parallel_mlp.kernels import ops
@@ -633,7 +639,8 @@ def test_default_big_gemm_and_accumulate(dtype, shape):
     check(acc, base + 2 * (at.float() @ b.float()), base + 2 * (at @ b).float(), "default big accumulate")
 
 
-@pytest.mark.parametrize("shape", [BIG_TAILED, BIG_LONG_K, BIG_LONG_K_WAVES, BIG_NARROW_COOP])
+@pytest.mark.parametrize("shape", [BIG_TAILED, BIG_LONG_K, BIG_LONG_K_WAVES, BIG_NARROW_COOP,
+                                   BIG_SK_OVER_PINGPONG], ids=BIG_SHAPE_IDS)
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("act", ["swiglu", "gelu_tanh_approx", "relu_sq"])
 def test_default_big_gemm_act_and_recompute_bits(act, bias, shape):
@@ -641,6 +648,11 @@ def test_default_big_gemm_act_and_recompute_bits(act, bias, shape):
 
     A = ACTIVATIONS[act]
     m, k, n = shape
+    if shape == BIG_SK_OVER_PINGPONG:  # the premise: this GPU's default runs it in stream-K
+        from parallel_mlp.kernels.config import default_config
+
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        assert default_config(m, n, k, sms, "act").stream_k
     x = operand(m, k, "row", torch.bfloat16, k ** -0.5)
     w = operand(n, k, "row", torch.bfloat16)
     b1 = (torch.randn(n, device="cuda") * 0.5).to(torch.bfloat16) if bias else None

@@ -386,3 +386,46 @@ def test_stream_k_compiles_without_the_dsls_slow_loop_warning(monkeypatch):
         warnings.simplefilter("always")
         compile_kernel(key)
     assert not [w for w in seen if "static loop" in str(w.message)]
+
+
+def test_big_short_k_store_and_act_take_stream_k_where_pingpongs_last_wave_is_light():
+    """Big GEMMs at K below COOPERATIVE_MIN_K run pingpong tiles, unless the pingpong tiles' last
+    wave idles at least STREAM_K_MIN_WASTE of the grid's time, cooperative 128x256's would too
+    (with_stream_k) and those take no more columns of tile time: then stream-K 128x256, store
+    and act alike (recompute replays fc1 as a plain GEMM), never the dact or accumulate. The
+    GEMMs timed for the rule (configs_sk_pingpong), on 132 SMs."""
+    from parallel_mlp.kernels.config import (
+        STREAM_K_MIN_WASTE,
+        GemmConfig,
+        big_pingpong_config,
+        default_config,
+        last_wave_waste,
+        wave_columns,
+    )
+
+    sk = (128, 256, 2, "cooperative", True)
+
+    def picked(m, n, k, kind):
+        c = default_config(m, n, k, 132, kind)
+        return c.tile_m, c.tile_n, c.cluster_m, c.consumers, c.stream_k
+
+    # fc1 at T=8192 d=4096 swiglu h=1376: 128x192 tiles in 7 full waves of 66 clusters and 18
+    # busy in the eighth, (1 - 18/66) / 8 = 9% idle; 8 x 192 = 6 x 256 = 1536 columns
+    m, n, k = 8192, 2752, 4096
+    pp = big_pingpong_config(m, n, 132, "act")
+    assert (pp.consumers, pp.tile_n) == ("pingpong", 192)
+    assert abs(last_wave_waste(pp, m, n) - (1 - 18 / 66) / 8) < 1e-12
+    assert last_wave_waste(pp, m, n) >= STREAM_K_MIN_WASTE
+    assert wave_columns(pp, m, n) == wave_columns(GemmConfig(128, 256, 2, 1, 16, 132), m, n) == 1536
+    for m, n, k in ((8192, 2752, 4096), (4096, 5504, 4096)):  # h=1376 T=8192; h=2752 T=4096
+        assert picked(m, n, k, "act") == picked(m, n, k, "store") == sk, (m, n, k)
+        assert not picked(m, n, k, "dact")[4] and not picked(m, n, k, "accumulate")[4], (m, n, k)
+    # 256 columns take more (1024 against 960), where stream-K ran slower: pingpong stays
+    for m, n, k in ((4096, 3584, 4096), (2048, 7168, 4096), (4096, 3456, 5120)):
+        assert picked(m, n, k, "act")[3] == picked(m, n, k, "store")[3] == "pingpong", (m, n, k)
+    # pingpong's last wave nearly full: fc1 at T=4096 d=5120 swiglu h=3456 (3% idle) and the
+    # headline's fc1
+    for m, n, k in ((4096, 6912, 5120), (8192, 28672, 4096)):
+        assert picked(m, n, k, "act")[3] == "pingpong", (m, n, k)
+    # below STREAM_K_MIN_K: not this rule's
+    assert picked(2048, 5632, 2048, "act")[3] == "pingpong"
