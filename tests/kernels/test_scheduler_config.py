@@ -261,6 +261,14 @@ def test_a_stream_k_owner_reads_the_slots_of_every_later_cluster_that_starts_in_
                 assert r == 0 or ((r - 1) * sk) // grid < e
 
 
+def _picked(m, n, k, kind):
+    """The default config's tile, cluster rows, schedule and stream-K for a GEMM on 132 SMs."""
+    from parallel_mlp.kernels.config import default_config
+
+    c = default_config(m, n, k, 132, kind)
+    return c.tile_m, c.tile_n, c.cluster_m, c.consumers, c.stream_k
+
+
 def test_gemms_below_two_wide_waves_take_128x192_where_it_runs_fewer_waves():
     """with_fewer_waves: the default's cooperative 128x128 tiles (whole or stream-K) and whole
     128x256 tiles become whole 128x192 tiles, in the same clusters, where those need at most
@@ -269,36 +277,31 @@ def test_gemms_below_two_wide_waves_take_128x192_where_it_runs_fewer_waves():
     from parallel_mlp.kernels.config import (
         UNDERFILLED_STREAM_K_MIN_K,
         WIDE_WAVES_MAX_SHARE,
-        default_config,
         wave_columns,
         with_fewer_waves,
     )
 
-    def picked(m, n, k, kind):
-        c = default_config(m, n, k, 132, kind)
-        return c.tile_m, c.tile_n, c.cluster_m, c.consumers, c.stream_k
-
     wide_1x1 = (128, 192, 1, "cooperative", False)
     # T=512 d=1024 swiglu: fc1 (act and the recompute's plain replay alike), dW2; dW1 in 2x1 pairs
     for kind in ("act", "store"):
-        assert picked(512, 5632, 1024, kind) == wide_1x1, kind
-    assert picked(1024, 2816, 512, "accumulate") == wide_1x1
-    assert picked(5632, 1024, 512, "accumulate") == (128, 192, 2, "cooperative", False)
+        assert _picked(512, 5632, 1024, kind) == wide_1x1, kind
+    assert _picked(1024, 2816, 512, "accumulate") == wide_1x1
+    assert _picked(5632, 1024, 512, "accumulate") == (128, 192, 2, "cooperative", False)
     # T=512 d=8192 fc1 and T=8192 d=1024 dW2: from stream-K 128x128 to whole 128x192
-    assert picked(512, 5504, 8192, "act") == wide_1x1
-    assert picked(1024, 2816, 8192, "accumulate") == wide_1x1
+    assert _picked(512, 5504, 8192, "act") == wide_1x1
+    assert _picked(1024, 2816, 8192, "accumulate") == wide_1x1
     # T=2048 d=2048 swiglu: the dact and dW2, from whole 128x256 in 2x1 clusters
-    assert picked(2048, 2816, 2048, "dact") == (128, 192, 2, "cooperative", False)
-    assert picked(2048, 2816, 2048, "accumulate") == (128, 192, 2, "cooperative", False)
+    assert _picked(2048, 2816, 2048, "dact") == (128, 192, 2, "cooperative", False)
+    assert _picked(2048, 2816, 2048, "accumulate") == (128, 192, 2, "cooperative", False)
     # stream-K 128x256 stays: T=8192 d=1024 dW1, T=1000 d=5120 fc2 and dx
-    assert picked(5632, 1024, 8192, "accumulate") == (128, 256, 2, "cooperative", True)
-    assert picked(1000, 5120, 10240, "store") == (128, 256, 2, "cooperative", True)
+    assert _picked(5632, 1024, 8192, "accumulate") == (128, 256, 2, "cooperative", True)
+    assert _picked(1000, 5120, 10240, "store") == (128, 256, 2, "cooperative", True)
     # one wave of 128x128 already (the dact at T=512 d=1024), and 192 no fewer waves (fc2 at
     # T=512 d=8192: 172 tiles of 192 against 256 of 128 in 2 waves either way)
-    assert picked(512, 2816, 1024, "dact")[1] == 128
-    assert picked(512, 8192, 2752, "store")[1] == 128
+    assert _picked(512, 2816, 1024, "dact")[1] == 128
+    assert _picked(512, 8192, 2752, "store")[1] == 128
     # the wgrads at T=65536: not timed there, the long-K stream-K rules stay
-    assert picked(1408, 2048, 65536, "accumulate")[1] == 128
+    assert _picked(1408, 2048, 65536, "accumulate")[1] == 128
     # the rule itself, on the T=512 fc1: 2 waves of 128 columns against 1 of 192
     cfg = GemmConfig(128, 128, 1, 1, 8, 132)
     assert wave_columns(cfg, 512, 5632) == 256
@@ -314,14 +317,9 @@ def test_stream_k_128x256_takes_whole_128x128_tiles_where_256_columns_pad_n_much
     timed for the rule, and the sweep's stream-K wgrads it leaves alone, on 132 SMs."""
     from parallel_mlp.kernels.config import (
         STREAM_K_WIDE_MAX_PAD,
-        default_config,
         pads_much_more,
         with_narrow_whole_tiles,
     )
-
-    def picked(m, n, k, kind):
-        c = default_config(m, n, k, 132, kind)
-        return c.tile_m, c.tile_n, c.cluster_m, c.consumers, c.stream_k
 
     narrow = (128, 128, 2, "cooperative", False)
     # dW2 += at T=8192 and 16384, d=4096 swiglu h=1376: 1536 padded columns against 1408
@@ -329,18 +327,18 @@ def test_stream_k_128x256_takes_whole_128x128_tiles_where_256_columns_pad_n_much
     assert pads_much_more(1376, 256, STREAM_K_WIDE_MAX_PAD)
     # 704 and 1024 pad to 768 and 1024 either way; 5504 to 5632 against 5504 (1.023)
     assert not any(pads_much_more(n, 256, STREAM_K_WIDE_MAX_PAD) for n in (704, 1024, 5504))
-    assert picked(4096, 1376, 8192, "accumulate") == narrow
-    assert picked(4096, 1376, 16384, "accumulate") == narrow
+    assert _picked(4096, 1376, 8192, "accumulate") == narrow
+    assert _picked(4096, 1376, 16384, "accumulate") == narrow
     # fc1 at T=4096 d=4096 swiglu h=688: act, the recompute's plain replay and a dact alike
     for kind in ("act", "store"):
-        assert picked(4096, 1376, 4096, kind) == narrow, kind
+        assert _picked(4096, 1376, 4096, kind) == narrow, kind
     # N padded alike by either width: stream-K 128x256 stays (T=65536 d=2048 h=704 dW2, T=8192
     # d=1024 dW1, T=1000 d=5120 fc2)
-    assert picked(2048, 704, 65536, "accumulate") == (128, 256, 2, "cooperative", True)
-    assert picked(5632, 1024, 8192, "accumulate") == (128, 256, 2, "cooperative", True)
-    assert picked(1000, 5120, 10240, "store") == (128, 256, 2, "cooperative", True)
+    assert _picked(2048, 704, 65536, "accumulate") == (128, 256, 2, "cooperative", True)
+    assert _picked(5632, 1024, 8192, "accumulate") == (128, 256, 2, "cooperative", True)
+    assert _picked(1000, 5120, 10240, "store") == (128, 256, 2, "cooperative", True)
     # big GEMMs are not this rule's: dW2 at h=5504 (1.023 of 128's padding) keeps its config
-    assert picked(4096, 5504, 8192, "accumulate")[1:] == (256, 2, "cooperative", True)
+    assert _picked(4096, 5504, 8192, "accumulate")[1:] == (256, 2, "cooperative", True)
     # whole tiles and other widths pass through
     whole = GemmConfig(128, 256, 2, 1, 8, 132)
     assert with_narrow_whole_tiles(whole, 1376) == whole
@@ -398,16 +396,11 @@ def test_big_short_k_store_and_act_take_stream_k_where_pingpongs_last_wave_is_li
         STREAM_K_MIN_WASTE,
         GemmConfig,
         big_pingpong_config,
-        default_config,
         last_wave_waste,
         wave_columns,
     )
 
     sk = (128, 256, 2, "cooperative", True)
-
-    def picked(m, n, k, kind):
-        c = default_config(m, n, k, 132, kind)
-        return c.tile_m, c.tile_n, c.cluster_m, c.consumers, c.stream_k
 
     # fc1 at T=8192 d=4096 swiglu h=1376: 128x192 tiles in 7 full waves of 66 clusters and 18
     # busy in the eighth, (1 - 18/66) / 8 = 9% idle; 8 x 192 = 6 x 256 = 1536 columns
@@ -418,14 +411,14 @@ def test_big_short_k_store_and_act_take_stream_k_where_pingpongs_last_wave_is_li
     assert last_wave_waste(pp, m, n) >= STREAM_K_MIN_WASTE
     assert wave_columns(pp, m, n) == wave_columns(GemmConfig(128, 256, 2, 1, 16, 132), m, n) == 1536
     for m, n, k in ((8192, 2752, 4096), (4096, 5504, 4096)):  # h=1376 T=8192; h=2752 T=4096
-        assert picked(m, n, k, "act") == picked(m, n, k, "store") == sk, (m, n, k)
-        assert not picked(m, n, k, "dact")[4] and not picked(m, n, k, "accumulate")[4], (m, n, k)
+        assert _picked(m, n, k, "act") == _picked(m, n, k, "store") == sk, (m, n, k)
+        assert not _picked(m, n, k, "dact")[4] and not _picked(m, n, k, "accumulate")[4], (m, n, k)
     # 256 columns take more (1024 against 960), where stream-K ran slower: pingpong stays
     for m, n, k in ((4096, 3584, 4096), (2048, 7168, 4096), (4096, 3456, 5120)):
-        assert picked(m, n, k, "act")[3] == picked(m, n, k, "store")[3] == "pingpong", (m, n, k)
+        assert _picked(m, n, k, "act")[3] == _picked(m, n, k, "store")[3] == "pingpong", (m, n, k)
     # pingpong's last wave nearly full: fc1 at T=4096 d=5120 swiglu h=3456 (3% idle) and the
     # headline's fc1
     for m, n, k in ((4096, 6912, 5120), (8192, 28672, 4096)):
-        assert picked(m, n, k, "act")[3] == "pingpong", (m, n, k)
+        assert _picked(m, n, k, "act")[3] == "pingpong", (m, n, k)
     # below STREAM_K_MIN_K: not this rule's
-    assert picked(2048, 5632, 2048, "act")[3] == "pingpong"
+    assert _picked(2048, 5632, 2048, "act")[3] == "pingpong"
