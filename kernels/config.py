@@ -35,6 +35,9 @@ TILE_N_CHOICES = (64, 128, 160, 192, 256)
 # 192 (a 128x192 tile) leaves ~40 of the consumer's 232 registers for everything else: ptxas
 # reports no spills for store, accumulate and dact there, 12-76 bytes for the gated act.
 PINGPONG_MAX_ACC_REGS = 192
+# Cooperative 192-row tiles: three consumer warpgroups of 64 rows at 160 registers a thread, so
+# tile_n / 2 accumulators per thread; 128 columns (64) is what a cooperative 128x128 thread holds.
+COOPERATIVE_192_MAX_N = 128
 
 
 # The 128x192 pingpong tile is the default only where its padded N is at most this factor of a
@@ -153,8 +156,9 @@ class GemmConfig:
     # "static": CTA c takes tiles c, c + grid, ...; "dynamic": after its first tile a CTA claims
     # the next one from a global atomic counter (balances uneven progress; needs a 1x1 cluster).
     scheduler: str = "static"
-    # "cooperative": both consumer warpgroups work on one tile_m x tile_n tile (tile_m / 2 rows
-    # each) and then both run its epilogue, so the tensor cores idle during every epilogue.
+    # "cooperative": the consumer warpgroups work on one tile_m x tile_n tile (two of tile_m / 2
+    # rows each; three of 64 rows at tile_m = 192, one at 64) and then all run its epilogue, so
+    # the tensor cores idle during every epilogue.
     # "pingpong": tile_m x tile_n is ONE warpgroup's tile; the two warpgroups take alternate tiles
     # and their mainloops alternate, so one's epilogue overlaps the other's mainloop.
     consumers: str = "cooperative"
@@ -255,12 +259,13 @@ class GemmConfig:
                     f"tile {self.tile_m}x{self.tile_n} with consumers={self.consumers!r}: a 256-row tile "
                     "is cooperative with tile_n <= 128 (each warpgroup holds 128 x tile_n accumulators)"
                 )
-        if self.tile_m == 192 and self.consumers != "pingpong":
-            # Three m64 atoms along M for one warpgroup; two cooperative warpgroups would split
-            # 192 rows into 96, which is no multiple of the m64 atom.
+        if self.tile_m == 192 and self.consumers == "cooperative" and self.tile_n > COOPERATIVE_192_MAX_N:
+            # Three consumer warpgroups of 64 rows, each thread at 160 registers (gemm_sm90's
+            # CONSUMER_REGS): tile_n / 2 fp32 accumulators per thread.
             raise ValueError(
-                f"tile 192x{self.tile_n} with consumers={self.consumers!r}: a 192-row tile is one "
-                "warpgroup's (three m64 atoms), so it needs consumers='pingpong'"
+                f"tile 192x{self.tile_n} with consumers='cooperative': three warpgroups of 64 rows "
+                f"at 160 registers a thread hold tile_n / 2 accumulators each; the rule is tile_n <= "
+                f"{COOPERATIVE_192_MAX_N}"
             )
         if self.consumers == "pingpong":
             # One warpgroup holds the whole tile's fp32 accumulators: tile_m * tile_n / 128 per

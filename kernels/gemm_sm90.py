@@ -22,8 +22,10 @@ compiled kernel serves every problem size of its layout; tails are handled by TM
 predicate.
 
 Consumer schedules (config.consumers):
-- "cooperative" (default): both consumer warpgroups split one tile (64 rows each) and both run
-  its epilogue, so the tensor cores idle during every epilogue.
+- "cooperative" (default): the consumer warpgroups split one tile and all run its epilogue, so
+  the tensor cores idle during every epilogue: two of 64 rows (128-row tile) or 128 rows (two
+  m64 atoms each, 256-row tile), three of 64 rows (192-row tile, at 160 registers a thread),
+  one for a 64-row tile.
 - "pingpong": the tile is one warpgroup's. Consumer warpgroup w takes tiles w, w + 2, ... of the
   CTA's sequence; named barriers make the two mainloops alternate (mainloop order) and the two
   epilogues alternate (epilogue order: they share the epilogue smem and its TMA stores), so one
@@ -63,8 +65,12 @@ except ImportError:  # pragma: no cover
     LayoutEnum = utils.LayoutEnum
 
 SMEM_CAPACITY = 232448  # max dynamic smem per CTA on sm_90 (227 KB)
-PRODUCER_REGS = 40
-CONSUMER_REGS = 232
+# Registers per thread after setmaxnreg, by the number of consumer warpgroups. The SM's 64 K
+# registers are the CTA's (one CTA per SM): 128 x 40 + 256 x 232 = 64,512 with two consumer
+# warpgroups; with three (the cooperative 192-row tile), 128 x 32 + 384 x 160 = 65,536, the
+# split FlashAttention-3 uses for its three consumer warpgroups.
+PRODUCER_REGS = {1: 40, 2: 40, 3: 32}
+CONSUMER_REGS = {1: 232, 2: 232, 3: 160}
 PREACT_RING = 2  # preact slots of the dact that writes dpreact to buffers of its own
 
 # Named barrier IDs (0 is __syncthreads). Cooperative: 1 = the 256 consumer threads' epilogue
@@ -84,10 +90,14 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
         self.cluster_shape_mn = (config.cluster_m, config.cluster_n)
         self.pingpong = config.consumers == "pingpong"
         # Cooperative: two consumer warpgroups split a 128-row tile (64 rows each); a 64-row tile
-        # needs one. Pingpong: the tiled MMA is one warpgroup's (a 128-row tile is two m64 atoms
-        # along M, run by the same warpgroup), and there are always two consumer warpgroups.
-        # A 256-row cooperative tile: each warpgroup runs two m64 atoms along M (128 rows).
-        self.atom_layout_mnk = (2, 1, 1) if config.tile_m >= 128 and not self.pingpong else (1, 1, 1)
+        # needs one; a 192-row tile takes three of 64 rows, at fewer registers a thread
+        # (CONSUMER_REGS); in a 256-row tile each of two runs two m64 atoms along M (128 rows).
+        # Pingpong: the tiled MMA is one warpgroup's (a 128-row tile is two m64 atoms along M,
+        # run by the same warpgroup), and there are always two consumer warpgroups.
+        if self.pingpong or config.tile_m == 64:
+            self.atom_layout_mnk = (1, 1, 1)
+        else:
+            self.atom_layout_mnk = (3 if config.tile_m == 192 else 2, 1, 1)
         self.num_mma_wg = 2 if self.pingpong else math.prod(self.atom_layout_mnk)
         self.num_threads = 128 * (1 + self.num_mma_wg)
         self.num_mma_threads = 128 * self.num_mma_wg
@@ -443,7 +453,7 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
 
         if wg_idx == 0:
             # ---------------- producer warpgroup ----------------
-            cute.arch.setmaxregister_decrease(PRODUCER_REGS)
+            cute.arch.setmaxregister_decrease(PRODUCER_REGS[self.num_mma_wg])
             if warp_idx == 0:
                 if cutlass.const_expr(self.dynamic):
                     sched = tile_scheduler.DynamicProducer.create(sched_params, index_pipe, s_idx, mCounter.iterator)
@@ -478,7 +488,7 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
                 ab_pipeline.producer_tail(state)
         else:
             # ---------------- consumer warpgroups ----------------
-            cute.arch.setmaxregister_increase(CONSUMER_REGS)
+            cute.arch.setmaxregister_increase(CONSUMER_REGS[self.num_mma_wg])
             if cutlass.const_expr(self.pingpong):
                 self._consume_pingpong(
                     tidx, warp_idx, tiled_mma, tiled_mma_first, sA, sB, ab_pipeline, k_tiles, sched_params, index_pipe, s_idx,

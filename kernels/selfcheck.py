@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -75,6 +76,32 @@ def variants(quick: bool = False):
     out += stream_k_variants(quick)
     out += pair_swap_off_variants(quick)
     out += pdl_variants(quick)
+    out += cooperative192_variants(quick)
+    return out
+
+
+def cooperative192_variants(quick: bool = False):
+    """The cooperative 192x128 tile (three consumer warpgroups of 64 rows at 160 registers):
+    every epilogue kind, the dact's preact rings (two slots; three or four with dpreact in place;
+    16-column subtiles), 2x1 and 1x2 clusters, the dynamic scheduler and fp16."""
+    c = GemmConfig(192, 128, 1, 1, 8)
+    out = [
+        KernelKey(EpilogueSpec("store"), c, "bfloat16", "row", "col", "bfloat16"),
+        KernelKey(EpilogueSpec("dact", "swiglu"), dataclasses.replace(c, dact_prefetch=2), "bfloat16", "row", "col", "bfloat16"),
+    ]
+    if not quick:
+        out += [
+            KernelKey(EpilogueSpec("accumulate"), dataclasses.replace(c, cluster_m=2), "bfloat16", "col", "col", "float32"),
+            KernelKey(EpilogueSpec("act", "swiglu"), dataclasses.replace(c, cluster_n=2), "bfloat16", "row", "row", "bfloat16"),
+            KernelKey(EpilogueSpec("act", "gelu_tanh_approx", True), c, "float16", "row", "row", "float16", "float16"),
+            KernelKey(EpilogueSpec("dact", "swiglu"), c, "bfloat16", "row", "col", "bfloat16"),
+            KernelKey(EpilogueSpec("dact", "swiglu"), dataclasses.replace(c, dact_prefetch=3, epi_n=16),
+                      "bfloat16", "row", "col", "bfloat16"),
+            KernelKey(EpilogueSpec("dact", "gelu_tanh_approx"), dataclasses.replace(c, dact_prefetch=3, epi_n=16),
+                      "bfloat16", "row", "col", "bfloat16"),
+            KernelKey(EpilogueSpec("dact", "relu"), dataclasses.replace(c, scheduler="dynamic"), "float16", "row", "col", "float16"),
+            KernelKey(EpilogueSpec("store"), dataclasses.replace(c, tile_n=64, cluster_m=2), "bfloat16", "col", "row", "float32"),
+        ]
     return out
 
 
@@ -324,6 +351,23 @@ def dynamic_variants(quick: bool = False):
     return out
 
 
+def register_overcommit(ptx: str):
+    """None if the warpgroups' setmaxnreg counts fit the SM's 64 K registers, else what does not:
+    the producer warpgroup (128 threads) drops to the `dec` count, the rest of the CTA's threads
+    (.reqntid) rise to the `inc` count, and with one CTA per SM their sum may not pass 65,536.
+    An overcommitted `inc` waits forever on the GPU; here it fails the compile check instead."""
+    threads = re.search(r"\.reqntid\s+(\d+)", ptx)
+    dec = re.findall(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+(\d+)", ptx)
+    inc = re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+)", ptx)
+    if not (threads and len(set(dec)) == 1 and len(set(inc)) == 1):
+        return f"setmaxnreg: expected one .reqntid and one dec and one inc count, got {threads and threads.group(1)}, {dec}, {inc}"
+    n, d, i = int(threads.group(1)), int(dec[0]), int(inc[0])
+    total = 128 * d + (n - 128) * i
+    if total > 65536:
+        return f"setmaxnreg: 128 x {d} + {n - 128} x {i} = {total} registers, over the SM's 65536"
+    return None
+
+
 def check_one(key: KernelKey):
     """Compile one kernel with PTX kept; returns (ok, message, seconds)."""
     from .compile import kernel_ptx
@@ -365,6 +409,9 @@ def check_one(key: KernelKey):
                            f"not {pdl_ops[0]} / {pdl_ops[1]}")
         if missing:
             return False, "PTX lacks " + ", ".join(missing), time.time() - t
+        over = register_overcommit(ptx)
+        if over:
+            return False, over, time.time() - t
         n_mma = ptx.count("wgmma.mma_async")
         n_tma = ptx.count("cp.async.bulk.tensor") + ptx.count("cp.reduce.async.bulk.tensor")
         msg = f"wgmma x{n_mma}, bulk tensor copies x{n_tma}"

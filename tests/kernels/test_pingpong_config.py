@@ -27,11 +27,26 @@ def test_pingpong_accepts_tiles_that_fit(tile):
     assert GemmConfig(*tile, consumers="pingpong").consumers == "pingpong"
 
 
-def test_192_row_tile_is_pingpong_only():
-    with pytest.raises(ValueError, match="192-row tile is one warpgroup's"):
-        GemmConfig(192, 128)
+def test_192_row_tile_pingpong_holds_at_most_192_accumulators():
     with pytest.raises(ValueError, match="tile_m \\* tile_n / 128 <= 192"):
         GemmConfig(192, 192, consumers="pingpong")
+
+
+@pytest.mark.parametrize("tile_n", [64, 128])
+def test_192_row_cooperative_tile_takes_up_to_128_columns(tile_n):
+    # three consumer warpgroups of 64 rows: tile_n / 2 accumulators per thread at 160 registers
+    assert GemmConfig(192, tile_n).key == f"t192x{tile_n}_c1x1_g8_sm132"
+
+
+@pytest.mark.parametrize("tile_n", [160, 192, 256])
+def test_192_row_cooperative_tile_refuses_wider_tiles(tile_n):
+    with pytest.raises(ValueError, match=r"tile 192x\d+ with consumers='cooperative'.*tile_n <= 128"):
+        GemmConfig(192, tile_n)
+
+
+def test_192_row_cooperative_tile_has_no_stream_k():
+    with pytest.raises(ValueError, match="stream-K tiles have at most 128 rows"):
+        GemmConfig(192, 128, stream_k=True)
 
 
 def test_unknown_consumers_value():

@@ -51,3 +51,43 @@ def _one():
     from parallel_mlp.kernels.epilogue_spec import EpilogueSpec
 
     return [KernelKey(EpilogueSpec("store"), GemmConfig(), "bfloat16", "row", "row", "bfloat16")]
+
+
+def _regs_ptx(threads, dec, inc):
+    return (f".entry k()\n.reqntid {threads}, 1, 1\n.minnctapersm 1\n"
+            f"\tsetmaxnreg.dec.sync.aligned.u32 \t{dec};\n\tsetmaxnreg.inc.sync.aligned.u32 \t{inc};\n")
+
+
+@pytest.mark.parametrize("threads,dec,inc", [(384, 40, 232), (512, 32, 160), (256, 40, 232)])
+def test_register_split_within_the_sm(threads, dec, inc):
+    from parallel_mlp.kernels.selfcheck import register_overcommit
+
+    assert register_overcommit(_regs_ptx(threads, dec, inc)) is None
+
+
+@pytest.mark.parametrize("threads,dec,inc", [(512, 40, 232), (512, 40, 160), (384, 40, 240)])
+def test_register_split_over_the_sm_fails(threads, dec, inc):
+    from parallel_mlp.kernels.selfcheck import register_overcommit
+
+    msg = register_overcommit(_regs_ptx(threads, dec, inc))
+    assert msg and f"128 x {dec} + {threads - 128} x {inc}" in msg and "over the SM's 65536" in msg
+
+
+def test_register_split_needs_both_counts():
+    from parallel_mlp.kernels.selfcheck import register_overcommit
+
+    assert "expected one .reqntid" in register_overcommit(".reqntid 384, 1, 1\n")
+
+
+def test_cooperative_192_row_tile_splits_registers_three_ways():
+    """Three consumer warpgroups at 160 and the producer at 32: exactly the SM's 64 K registers."""
+    from parallel_mlp.kernels import gemm_sm90
+    from parallel_mlp.kernels.compile import KernelKey, kernel_ptx
+    from parallel_mlp.kernels.config import GemmConfig
+    from parallel_mlp.kernels.epilogue_spec import EpilogueSpec
+    from parallel_mlp.kernels.selfcheck import register_overcommit
+
+    ptx = kernel_ptx(KernelKey(EpilogueSpec("store"), GemmConfig(192, 128), "bfloat16", "row", "col", "bfloat16"))
+    assert ".reqntid 512" in ptx and register_overcommit(ptx) is None
+    assert "setmaxnreg.inc.sync.aligned.u32 \t160" in ptx and "setmaxnreg.dec.sync.aligned.u32 \t32" in ptx
+    assert gemm_sm90.PRODUCER_REGS[3] * 128 + gemm_sm90.CONSUMER_REGS[3] * 384 == 65536

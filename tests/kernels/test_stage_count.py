@@ -102,3 +102,16 @@ def test_short_k_dact_four_slot_ring_keeps_the_two_slot_rings_stages(act, monkey
     four_slots, two_slots = stages_of(key, monkeypatch), stages_of(two, monkeypatch)
     assert four_slots == two_slots, (four_slots, two_slots)
     assert four_slots == (4 if act == "swiglu" else 5)
+
+
+@pytest.mark.parametrize("pf,epi_n,want", [(2, 32, 3), (3, 16, 4), (1, 16, 4)])
+def test_cooperative_192_row_dact_stages(pf, epi_n, want, monkeypatch):
+    """The cooperative 192x128 swiglu dact: a 40 KB A/B stage beside 192-row epilogue buffers.
+    Three stages of 192 rows hold more MMA work than the four of the 128x128 short-K default."""
+    pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
+    from parallel_mlp.kernels.compile import KernelKey
+    from parallel_mlp.kernels.epilogue_spec import EpilogueSpec
+
+    cfg = GemmConfig(192, 128, dact_prefetch=pf, epi_n=epi_n)
+    key = KernelKey(EpilogueSpec("dact", "swiglu"), cfg, "bfloat16", "row", "col", "bfloat16")
+    assert stages_of(key, monkeypatch) == want
