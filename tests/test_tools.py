@@ -24,7 +24,7 @@ def test_lists_every_step_with_its_command():
     r = run("--list")
     assert r.returncode == 0
     steps = [line.split()[0] for line in r.stdout.splitlines()]
-    assert steps == ["tests_kernels", "tests_layer", "tests_defaults", "tests_all", "streamk", "streamk_fill", "configs_small", "configs_wave", "configs_mid", "configs_long_k", "configs_dact", "configs_swap", "configs_ring", "configs_raster", "configs_narrow_gelu", "configs_narrow_ring", "configs_narrow_n", "configs_sk_pingpong", "tests_coop3", "configs_coop3", "tests_pdl", "pdl", "short_k_probe", "plain_gemms", "plain_gemms_host", "gemm", "mlp", "sweep", "sweep_ceiling", "sweep_plain_launches", "sweep_below_eager", "sweep_small", "sweep_graphed",
+    assert steps == ["tests_kernels", "tests_layer", "tests_defaults", "tests_all", "streamk", "streamk_fill", "configs_small", "configs_wave", "configs_mid", "configs_long_k", "configs_dact", "configs_swap", "configs_ring", "configs_raster", "configs_narrow_gelu", "configs_narrow_ring", "configs_narrow_n", "configs_sk_pingpong", "tests_coop3", "configs_coop3", "configs_sk160", "tests_pdl", "pdl", "short_k_probe", "plain_gemms", "plain_gemms_host", "gemm", "mlp", "sweep", "sweep_ceiling", "sweep_plain_launches", "sweep_below_eager", "sweep_small", "sweep_graphed",
                      "tp", "tp_sp", "profile", "profile_narrow", "launch_graphs", "launch_keys", "held_turns", "kernels_vs_quack", "kernels_vs_quack_below", "graph_memory", "memory_trace", "small_step_variants", "host_paths", "timing_spread", "host_step",
                      "host_stages", "host_env", "host_phases", "cold", "clock", "full", "ncu", "ncu_dact", "ncu_dact_pingpong", "ncu_smem", "ncu_vs_quack", "ncu_epilogue_gap"]
     # every step the script defines is listed (a step missing from the list still ran, unseen)
@@ -840,7 +840,7 @@ def test_three_warpgroup_steps_run_their_tests_and_configs():
     timed = re.findall(r"--T (\S+) --d (\S+) --h (\S+) --act ([^\s;]+)", step)
     looped = re.findall(r"'(\d+) (\d+) (\d+) (\w+)'", step)
     timed = {t for t in timed if not t[0].startswith("$")} | set(looped)  # the loop's $1..$4 are its shapes
-    assert len(timed) == 6 and {tuple(map(str, s)) for s in shapes} >= timed
+    assert len(timed) == 7 and {tuple(map(str, s)) for s in shapes} >= timed
     for fields in map(parse_fields, variants):
         for key in mlp_keys(8192, 1024, 2816, "swiglu") + mlp_keys(8192, 4096, 14336, "swiglu"):
             cfg = dataclasses.replace(key.config, **fields)
