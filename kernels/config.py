@@ -3,9 +3,10 @@
 A :class:`GemmConfig` fixes everything that changes the generated code except the epilogue:
 CTA tile, cluster shape, rasterization group, the SM count the persistent grid is sized for, and
 the tile scheduler ("static", the default, or "dynamic": an atomic tile counter; see
-tile_scheduler.py) and the consumer schedule ("cooperative", the default: two warpgroups split
-one tile; or "pingpong": each warpgroup owns a whole tile and the two alternate, see
-gemm_sm90.py), and whether the last partial wave runs stream-K (``stream_k``).
+tile_scheduler.py) and the consumer schedule ("cooperative", the default: the consumer
+warpgroups split one tile; "pingpong": each warpgroup owns a whole tile and the two alternate;
+"handoff": two warpgroups' mainloop hands each tile's accumulators to two epilogue warpgroups;
+see gemm_sm90.py), and whether the last partial wave runs stream-K (``stream_k``).
 Problem sizes and strides stay dynamic, so one compiled kernel serves every shape of a layout.
 """
 
@@ -159,6 +160,9 @@ class GemmConfig:
     # "cooperative": the consumer warpgroups work on one tile_m x tile_n tile (two of tile_m / 2
     # rows each; three of 64 rows at tile_m = 192, one at 64) and then all run its epilogue, so
     # the tensor cores idle during every epilogue.
+    # "handoff": two warpgroups run the mainloop of a 128-row tile, as cooperative ones do, and
+    # hand its accumulators through shared memory to two more warpgroups, which run its epilogue
+    # while the first two run the next tile's mainloop (gemm_sm90, "Consumer schedules").
     # "pingpong": tile_m x tile_n is ONE warpgroup's tile; the two warpgroups take alternate tiles
     # and their mainloops alternate, so one's epilogue overlaps the other's mainloop.
     consumers: str = "cooperative"
@@ -248,8 +252,16 @@ class GemmConfig:
                 f"scheduler='dynamic' with cluster=({self.cluster_m},{self.cluster_n}): the dynamic "
                 "scheduler supports 1x1 clusters only (the claimed tile would have to reach the peer CTAs)"
             )
-        if self.consumers not in ("cooperative", "pingpong"):
-            raise ValueError(f"consumers={self.consumers!r}: must be 'cooperative' or 'pingpong'")
+        if self.consumers not in ("cooperative", "pingpong", "handoff"):
+            raise ValueError(f"consumers={self.consumers!r}: must be 'cooperative', 'pingpong' or 'handoff'")
+        if self.consumers == "handoff" and (self.tile_m != 128 or self.tile_n > 128 or self.scheduler != "static"):
+            # Two warpgroups' fp32 accumulators of a 128 x tile_n tile go through shared memory
+            # (64 KB at 128 columns) beside the A/B ring; the epilogue warpgroups walk the static
+            # tile sequence themselves.
+            raise ValueError(
+                f"consumers='handoff' with tile {self.tile_m}x{self.tile_n}, scheduler={self.scheduler!r}: "
+                "the handoff schedule runs 128-row tiles of at most 128 columns with the static scheduler"
+            )
         if self.tile_m == 256:
             # Two warpgroups of 128 rows each: tile_n accumulators per thread, as many as one
             # pingpong warpgroup's 128x128. The tile cuBLAS picks for most of the MLP's GEMMs

@@ -32,6 +32,10 @@ Consumer schedules (config.consumers):
   warpgroup's epilogue runs while the other's WGMMAs keep the tensor cores busy. Each warpgroup
   has its own store warp, its own 128-thread epilogue barrier and its own preact (dact) TMA-load
   ring. See _consume_pingpong.
+- "handoff": two warpgroups run a 128-row tile's mainloop as cooperative ones do and leave its
+  fp32 accumulators in shared memory (sAcc); two more warpgroups run the cooperative epilogue
+  from there while the first two run the next tile's mainloop. Two mbarriers pass sAcc back and
+  forth ("full" once written, "empty" once read). See _handoff_mainloop, _handoff_epilogue.
 
 The epilogue's path out of the SM (subtiles through shared memory, TMA stores, the preact ring)
 is epilogue_pipeline.py's, which this class inherits.
@@ -68,9 +72,10 @@ SMEM_CAPACITY = 232448  # max dynamic smem per CTA on sm_90 (227 KB)
 # Registers per thread after setmaxnreg, by the number of consumer warpgroups. The SM's 64 K
 # registers are the CTA's (one CTA per SM): 128 x 40 + 256 x 232 = 64,512 with two consumer
 # warpgroups; with three (the cooperative 192-row tile), 128 x 32 + 384 x 160 = 65,536, the
-# split FlashAttention-3 uses for its three consumer warpgroups.
-PRODUCER_REGS = {1: 40, 2: 40, 3: 32}
-CONSUMER_REGS = {1: 232, 2: 232, 3: 160}
+# split FlashAttention-3 uses for its three consumer warpgroups; with four (the handoff
+# schedule's two mainloop and two epilogue warpgroups), 128 x 32 + 512 x 120 = 65,536.
+PRODUCER_REGS = {1: 40, 2: 40, 3: 32, 4: 32}
+CONSUMER_REGS = {1: 232, 2: 232, 3: 160, 4: 120}
 PREACT_RING = 2  # preact slots of the dact that writes dpreact to buffers of its own
 
 # Named barrier IDs (0 is __syncthreads). Cooperative: 1 = the 256 consumer threads' epilogue
@@ -99,8 +104,12 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
         else:
             self.atom_layout_mnk = (3 if config.tile_m == 192 else 2, 1, 1)
         self.num_mma_wg = 2 if self.pingpong else math.prod(self.atom_layout_mnk)
-        self.num_threads = 128 * (1 + self.num_mma_wg)
-        self.num_mma_threads = 128 * self.num_mma_wg
+        # Handoff: two more warpgroups run the epilogue, on the accumulators the mainloop's two
+        # leave in shared memory (sAcc).
+        self.handoff = config.consumers == "handoff"
+        self.num_epi_threads = self.num_mma_threads = 128 * self.num_mma_wg
+        self.num_consumer_wg = self.num_mma_wg * (2 if self.handoff else 1)
+        self.num_threads = 128 * (1 + self.num_consumer_wg)
         self.epi_tile = (config.tile_m, config.epi_n)
         self.max_active_clusters = config.num_sms // (config.cluster_m * config.cluster_n)
         self.dynamic = config.scheduler == "dynamic"
@@ -172,6 +181,8 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
         epi_bytes = sum(
             tm * w * dtypes[c].width // 8 * stages[c] if w else 1024 for c, w in widths.items()
         )
+        if self.handoff:
+            epi_bytes += tm * tn * 4  # the fp32 accumulators handed to the epilogue warpgroups
         stage_bytes = (tm * tk) * a_dtype.width // 8 + (tn * tk) * b_dtype.width // 8
         ab_stages = min((SMEM_CAPACITY - epi_bytes - 1024) // stage_bytes, self.cfg.max_stages)
         if ab_stages < 2:
@@ -311,6 +322,8 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
         def cosize(c):
             return cute.cosize(self.ch_layout[c]) if self.ch_width[c] else 1
 
+        tm_tn = self.tile_shape_mnk[0] * self.tile_shape_mnk[1]
+
         if cutlass.const_expr((self.dynamic or self.stream_k) and mCounter is None):
             raise ValueError(f"{self.cfg.key}: the dynamic scheduler and stream-K need their workspace (mCounter)")
         # The dynamic scheduler's ring of tile indices (a 1-slot placeholder for the static one);
@@ -322,7 +335,12 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
             ab_mbar: cute.struct.MemRange[cutlass.Int64, self.ab_stages * 2]
             l_mbar: cute.struct.MemRange[cutlass.Int64, self.l_stages]
             sched_mbar: cute.struct.MemRange[cutlass.Int64, 2 * sched_slots]
+            acc_mbar: cute.struct.MemRange[cutlass.Int64, 2]  # handoff: sAcc's "full" and "empty"
             sched_idx: cute.struct.MemRange[cutlass.Int32, sched_slots]
+            # handoff: the tile's fp32 accumulators, value j of mainloop thread t at j * 256 + t
+            # (consecutive threads, consecutive banks); otherwise one element inside the 1 KB
+            # in front of the A/B ring, which leaves every other kernel's layout as it was
+            sAcc: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, tm_tn if self.handoff else 1], 16]
             sA: cute.struct.Align[cute.struct.MemRange[a_dtype, cute.cosize(self.sA_layout)], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[b_dtype, cute.cosize(self.sB_layout)], 1024]
             sD: cute.struct.Align[cute.struct.MemRange[d_dtype, cosize("D")], 1024]
@@ -420,6 +438,14 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
                 for i in cutlass.range_constexpr(self.l_stages):
                     cute.arch.mbarrier_init(l_mbar + i, 1)
             cute.arch.mbarrier_init_fence()
+        acc_mbar = storage.acc_mbar.data_ptr()
+        if cutlass.const_expr(self.handoff):
+            # acc_mbar + 0, "full": every mainloop thread has written the tile's accumulators;
+            # acc_mbar + 1, "empty": every epilogue thread has read them.
+            if tidx == 0:
+                cute.arch.mbarrier_init(acc_mbar, self.num_mma_threads)
+                cute.arch.mbarrier_init(acc_mbar + 1, self.num_epi_threads)
+            cute.arch.mbarrier_init_fence()
         index_pipe = s_idx = None
         if cutlass.const_expr(self.dynamic):
             index_pipe = tile_scheduler.make_index_pipeline(storage.sched_mbar.data_ptr(), self.num_mma_threads)
@@ -453,7 +479,7 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
 
         if wg_idx == 0:
             # ---------------- producer warpgroup ----------------
-            cute.arch.setmaxregister_decrease(PRODUCER_REGS[self.num_mma_wg])
+            cute.arch.setmaxregister_decrease(PRODUCER_REGS[self.num_consumer_wg])
             if warp_idx == 0:
                 if cutlass.const_expr(self.dynamic):
                     sched = tile_scheduler.DynamicProducer.create(sched_params, index_pipe, s_idx, mCounter.iterator)
@@ -488,8 +514,23 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
                 ab_pipeline.producer_tail(state)
         else:
             # ---------------- consumer warpgroups ----------------
-            cute.arch.setmaxregister_increase(CONSUMER_REGS[self.num_mma_wg])
-            if cutlass.const_expr(self.pingpong):
+            cute.arch.setmaxregister_increase(CONSUMER_REGS[self.num_consumer_wg])
+            if cutlass.const_expr(self.handoff):
+                sAcc = storage.sAcc.get_tensor(cute.make_layout(tm * tn))
+                # Set here, where both roles' code is dominated by it: a TiledMma mutated inside
+                # one branch would hand the other branch values it cannot see.
+                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                tiled_mma_first.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
+                if wg_idx <= self.num_mma_wg:
+                    self._handoff_mainloop(tidx, tiled_mma, tiled_mma_first, sA, sB, ab_pipeline, k_tiles, sched_params,
+                                           sAcc, acc_mbar)
+                else:
+                    self._handoff_epilogue(
+                        tidx, warp_idx, tiled_mma, sched_params, sAcc, acc_mbar, l_mbar,
+                        *self._epi_buffers(storage, epi_layouts),
+                        tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, mBias, m_size, n_size,
+                    )
+            elif cutlass.const_expr(self.pingpong):
                 self._consume_pingpong(
                     tidx, warp_idx, tiled_mma, tiled_mma_first, sA, sB, ab_pipeline, k_tiles, sched_params, index_pipe, s_idx,
                     l_mbar,
@@ -787,6 +828,93 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
             else:
                 sched.advance_to_next_work()
                 work = sched.get_current_work()
+        store_pipeline.producer_tail()
+
+    # ---- handoff consumers --------------------------------------------------------------------
+    #
+    # Warpgroups 1-2 run each tile's mainloop as cooperative consumers do, then copy their
+    # accumulators into sAcc (once the epilogue warpgroups have read the tile before) and go on
+    # to the next tile's mainloop; warpgroups 3-4 run the epilogue of the tile in sAcc, thread t
+    # reading what mainloop thread t wrote, so the epilogue is the cooperative one unchanged.
+    # Both walk the same static tile sequence.
+
+    def _acc_slab(self, sAcc, t, shape):
+        """Thread t's accumulators in sAcc, shaped as its register fragment (`shape`): value j
+        (the fragment's flat index) at j * num_mma_threads + t."""
+        spread = cute.make_layout(cute.size(shape), stride=self.num_mma_threads)
+        return cute.make_tensor(sAcc.iterator + t, cute.composition(spread, cute.make_layout(shape)))
+
+    @cute.jit
+    def _handoff_mainloop(self, tidx, tiled_mma, tiled_mma_first, sA, sB, ab_pipeline, k_tiles, sched_params,
+                          sAcc, acc_mbar):
+        mma_tidx = tidx - 128
+        thr_mma = tiled_mma.get_slice(mma_tidx)
+        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
+        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+        acc = cute.make_rmem_tensor(thr_mma.partition_C(cute.make_identity_tensor(self.tile_shape_mnk[:2])).shape,
+                                    self.acc_dtype)
+        slab = self._acc_slab(sAcc, mma_tidx, acc.shape)
+        sched, work, read_state, release_state = self._consumer_start(sched_params, None, None)
+        tiles = cutlass.Int32(0)
+        while work.is_valid_tile:
+            read_state, release_state = mainloop.consume_tile(
+                ab_pipeline, read_state, release_state, tiled_mma, tiled_mma_first, acc, tCrA, tCrB, k_tiles
+            )
+            # "empty" completes once per tile the epilogue has read; before the first, the wait
+            # for the phase before a fresh barrier's first returns at once.
+            cute.arch.mbarrier_wait(acc_mbar + 1, (tiles + 1) % 2)
+            for j in cutlass.range_constexpr(cute.size(acc)):
+                slab[j] = acc[j]
+            cute.arch.mbarrier_arrive(acc_mbar)
+            tiles += 1
+            sched.advance_to_next_work()
+            work = sched.get_current_work()
+
+    @cute.jit
+    def _handoff_epilogue(
+        self, tidx, warp_idx, tiled_mma, sched_params, sAcc, acc_mbar, l_mbar, sD, sP, sH, sX, sL,
+        tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, mBias, m_size, n_size,
+    ):
+        tm, tn, _ = self.tile_shape_mnk
+        has = {c: self.ch_width[c] > 0 for c in self.ch_width}
+        epi_tidx = tidx - 128 * (1 + self.num_mma_wg)
+        thr_mma = tiled_mma.get_slice(epi_tidx)
+        tCcT = thr_mma.partition_C(cute.make_identity_tensor((tm, tn)))
+        gcG = cute.local_tile(cute.make_identity_tensor((m_size, n_size)), (tm, tn), (None, None))
+        acc = self._acc_slab(sAcc, epi_tidx, tCcT.shape)
+        ep = self._epilogue_setup(
+            tiled_mma, epi_tidx, acc, sD, sP, sH, sX, sL,
+            tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, l_mbar,
+        )
+        acc_of = list(range(cute.size(ep.tRS_acc)))  # one m64 atom per warpgroup: the fragment's order
+        S = ep.S
+        epi_barrier = pipeline.NamedBarrier(barrier_id=1, num_threads=self.num_epi_threads)
+        store_pipeline = pipeline.PipelineTmaStore.create(
+            num_stages=STORE_WINDOW,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_epi_threads),
+        )
+        store_warp = 4 * (1 + self.num_mma_wg)  # the first epilogue warp issues the TMA stores
+        sched = tile_scheduler.create(sched_params)
+        work = sched.initial_work_tile_info()
+        epi_count = cutlass.Int32(0)
+        tiles = cutlass.Int32(0)
+        while work.is_valid_tile:
+            tc = work.tile_idx
+            if cutlass.const_expr(has["L"]):
+                # This tile's first preact subtiles load while its mainloop runs.
+                if warp_idx == store_warp:
+                    for e in cutlass.range_constexpr(min(self.l_ahead, tn // self.epi_tile[1])):
+                        self._load_preact(ep, tc, e, epi_count + e, 0)
+            cute.arch.mbarrier_wait(acc_mbar, tiles % 2)
+            epi_count = self._epilogue_tile(
+                ep, tc, acc_of, tCcT, thr_mma.partition_C(gcG[(None, None, tc[0], tc[1])]),
+                epi_count, 0, warp_idx == store_warp, epi_barrier, store_pipeline, mBias, n_size,
+                S, True, False,
+            )
+            cute.arch.mbarrier_arrive(acc_mbar + 1)
+            tiles += 1
+            sched.advance_to_next_work()
+            work = sched.get_current_work()
         store_pipeline.producer_tail()
 
     def _copy_order(self, tiled_mma, m_size, n_size):

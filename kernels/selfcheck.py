@@ -77,6 +77,30 @@ def variants(quick: bool = False):
     out += pair_swap_off_variants(quick)
     out += pdl_variants(quick)
     out += cooperative192_variants(quick)
+    out += handoff_variants(quick)
+    return out
+
+
+def handoff_variants(quick: bool = False):
+    """The handoff schedule (two mainloop and two epilogue warpgroups, the accumulators passed
+    through shared memory): every epilogue kind, the dact's preact rings with 16-column
+    subtiles, 2x1 and 1x2 clusters, the 128x64 tile and fp16."""
+    c = GemmConfig(128, 128, 1, 1, 8, consumers="handoff", epi_n=16)
+    out = [
+        KernelKey(EpilogueSpec("store"), c, "bfloat16", "row", "col", "bfloat16"),
+        KernelKey(EpilogueSpec("dact", "swiglu"), dataclasses.replace(c, dact_prefetch=2), "bfloat16", "row", "col", "bfloat16"),
+    ]
+    if not quick:
+        out += [
+            KernelKey(EpilogueSpec("accumulate"), dataclasses.replace(c, cluster_m=2), "bfloat16", "col", "col", "float32"),
+            KernelKey(EpilogueSpec("act", "swiglu"), dataclasses.replace(c, cluster_n=2), "bfloat16", "row", "row", "bfloat16"),
+            KernelKey(EpilogueSpec("act", "gelu_tanh_approx", True), c, "float16", "row", "row", "float16", "float16"),
+            KernelKey(EpilogueSpec("dact", "swiglu"), c, "bfloat16", "row", "col", "bfloat16"),
+            KernelKey(EpilogueSpec("dact", "gelu_tanh_approx"), dataclasses.replace(c, dact_prefetch=3),
+                      "bfloat16", "row", "col", "bfloat16"),
+            KernelKey(EpilogueSpec("dact", "relu"), dataclasses.replace(c, epi_n=32), "float16", "row", "col", "float16"),
+            KernelKey(EpilogueSpec("store"), dataclasses.replace(c, tile_n=64, cluster_m=2), "bfloat16", "col", "row", "float32"),
+        ]
     return out
 
 

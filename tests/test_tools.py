@@ -24,7 +24,7 @@ def test_lists_every_step_with_its_command():
     r = run("--list")
     assert r.returncode == 0
     steps = [line.split()[0] for line in r.stdout.splitlines()]
-    assert steps == ["tests_kernels", "tests_layer", "tests_defaults", "tests_all", "streamk", "streamk_fill", "configs_small", "configs_wave", "configs_mid", "configs_long_k", "configs_dact", "configs_swap", "configs_ring", "configs_raster", "configs_narrow_gelu", "configs_narrow_ring", "configs_narrow_n", "configs_sk_pingpong", "tests_coop3", "configs_coop3", "configs_sk160", "tests_pdl", "pdl", "short_k_probe", "plain_gemms", "plain_gemms_host", "gemm", "mlp", "sweep", "sweep_ceiling", "sweep_plain_launches", "sweep_below_eager", "sweep_small", "sweep_graphed",
+    assert steps == ["tests_kernels", "tests_layer", "tests_defaults", "tests_all", "streamk", "streamk_fill", "configs_small", "configs_wave", "configs_mid", "configs_long_k", "configs_dact", "configs_swap", "configs_ring", "configs_raster", "configs_narrow_gelu", "configs_narrow_ring", "configs_narrow_n", "configs_sk_pingpong", "tests_overlap", "configs_overlap", "configs_sk160", "tests_pdl", "pdl", "short_k_probe", "plain_gemms", "plain_gemms_host", "gemm", "mlp", "sweep", "sweep_ceiling", "sweep_plain_launches", "sweep_below_eager", "sweep_small", "sweep_graphed",
                      "tp", "tp_sp", "profile", "profile_narrow", "launch_graphs", "launch_keys", "held_turns", "kernels_vs_quack", "kernels_vs_quack_below", "graph_memory", "memory_trace", "small_step_variants", "host_paths", "timing_spread", "host_step",
                      "host_stages", "host_env", "host_phases", "cold", "clock", "full", "ncu", "ncu_dact", "ncu_dact_pingpong", "ncu_smem", "ncu_vs_quack", "ncu_epilogue_gap"]
     # every step the script defines is listed (a step missing from the list still ran, unseen)
@@ -822,26 +822,31 @@ def test_ptx_digest_is_the_same_for_the_same_kernel_and_tells_an_option_apart():
     assert tool.digest(narrow)[0] != first
 
 
-def test_three_warpgroup_steps_run_their_tests_and_configs():
-    """tests_coop3 selects tests that exist; configs_coop3's two tile variants are valid configs on
-    top of each default the bench replaces them on, and every shape it times is compiled ahead."""
+def test_overlap_steps_run_their_tests_and_configs():
+    """tests_overlap selects tests that exist in both files; configs_overlap's four variants are
+    valid on top of each default the bench replaces them on (two three-warpgroup tiles, two
+    handoff configs), and every shape it times is compiled ahead."""
     import dataclasses
 
     from parallel_mlp.kernels.config import parse_fields
     from parallel_mlp.kernels.warmup import mlp_keys, parse_shapes
 
     commands = dict(line.split(None, 1) for line in run("--list").stdout.splitlines())
-    assert "-k three_warpgroup" in commands["tests_coop3"]
-    assert "def test_three_warpgroup_tile_dact" in (SCRIPT.parent.parent / "tests/kernels/test_tile192_gpu.py").read_text()
-    step = commands["configs_coop3"]
+    assert "-k 'three_warpgroup or handoff'" in commands["tests_overlap"]
+    tests = SCRIPT.parent.parent / "tests/kernels"
+    assert "def test_three_warpgroup_tile_dact" in (tests / "test_tile192_gpu.py").read_text()
+    assert "def test_handoff_dact" in (tests / "test_handoff_gpu.py").read_text()
+    step = commands["configs_overlap"]
     variants = set(re.findall(r"--also (\S+)", step))
-    assert len(variants) == 2
+    assert len(variants) == 4
     shapes = parse_shapes(re.search(r"--shapes (\S+)", step).group(1))
     timed = re.findall(r"--T (\S+) --d (\S+) --h (\S+) --act ([^\s;]+)", step)
     looped = re.findall(r"'(\d+) (\d+) (\d+) (\w+)'", step)
     timed = {t for t in timed if not t[0].startswith("$")} | set(looped)  # the loop's $1..$4 are its shapes
     assert len(timed) == 7 and {tuple(map(str, s)) for s in shapes} >= timed
+    schedules = set()
     for fields in map(parse_fields, variants):
         for key in mlp_keys(8192, 1024, 2816, "swiglu") + mlp_keys(8192, 4096, 14336, "swiglu"):
             cfg = dataclasses.replace(key.config, **fields)
-            assert (cfg.tile_m, cfg.tile_n, cfg.consumers) == (192, 128, "cooperative")
+            schedules.add((cfg.tile_m, cfg.tile_n, cfg.consumers))
+    assert schedules == {(192, 128, "cooperative"), (128, 128, "handoff")}

@@ -267,3 +267,24 @@ def test_128_wide_tiles_where_192_wide_waves_are_too_coarse():
     # 73 waves of 192 against 109 of 128 (fc1 at h=14336): 6% in 192's favour
     assert default_config(8192, 28672, 4096, 132, "act").tile_n == 192
     assert default_config(8192, 14336, 4096, 132, "dact").tile_n == 192
+
+
+@pytest.mark.parametrize("tile_n", [64, 128])
+def test_handoff_runs_128_row_tiles_of_up_to_128_columns(tile_n):
+    cfg = GemmConfig(128, tile_n, consumers="handoff")
+    assert cfg.key == f"t128x{tile_n}_c1x1_g8_sm132_handoff"
+    assert GemmConfig(128, tile_n, 2, 1, consumers="handoff", dact_prefetch=3, epi_n=16).dact_prefetch == 3
+
+
+@pytest.mark.parametrize("fields", [
+    dict(tile_m=128, tile_n=256), dict(tile_m=128, tile_n=192), dict(tile_m=256, tile_n=128),
+    dict(tile_m=64, tile_n=128), dict(tile_m=192, tile_n=128), dict(tile_m=128, tile_n=128, scheduler="dynamic"),
+])
+def test_handoff_refuses_other_tiles_and_the_dynamic_scheduler(fields):
+    with pytest.raises(ValueError, match="handoff schedule runs 128-row tiles of at most 128 columns with the static"):
+        GemmConfig(consumers="handoff", **fields)
+
+
+def test_handoff_has_no_stream_k():
+    with pytest.raises(ValueError, match="stream-K needs consumers='cooperative'"):
+        GemmConfig(128, 128, consumers="handoff", stream_k=True)

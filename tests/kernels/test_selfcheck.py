@@ -58,7 +58,7 @@ def _regs_ptx(threads, dec, inc):
             f"\tsetmaxnreg.dec.sync.aligned.u32 \t{dec};\n\tsetmaxnreg.inc.sync.aligned.u32 \t{inc};\n")
 
 
-@pytest.mark.parametrize("threads,dec,inc", [(384, 40, 232), (512, 32, 160), (256, 40, 232)])
+@pytest.mark.parametrize("threads,dec,inc", [(384, 40, 232), (512, 32, 160), (640, 32, 120), (256, 40, 232)])
 def test_register_split_within_the_sm(threads, dec, inc):
     from parallel_mlp.kernels.selfcheck import register_overcommit
 
@@ -91,3 +91,18 @@ def test_cooperative_192_row_tile_splits_registers_three_ways():
     assert ".reqntid 512" in ptx and register_overcommit(ptx) is None
     assert "setmaxnreg.inc.sync.aligned.u32 \t160" in ptx and "setmaxnreg.dec.sync.aligned.u32 \t32" in ptx
     assert gemm_sm90.PRODUCER_REGS[3] * 128 + gemm_sm90.CONSUMER_REGS[3] * 384 == 65536
+
+
+def test_handoff_splits_registers_five_ways():
+    """A producer at 32 and four consumer warpgroups (two mainloop, two epilogue) at 120."""
+    from parallel_mlp.kernels import gemm_sm90
+    from parallel_mlp.kernels.compile import KernelKey, kernel_ptx
+    from parallel_mlp.kernels.config import GemmConfig
+    from parallel_mlp.kernels.epilogue_spec import EpilogueSpec
+    from parallel_mlp.kernels.selfcheck import register_overcommit
+
+    cfg = GemmConfig(128, 128, consumers="handoff", epi_n=16, dact_prefetch=2)
+    ptx = kernel_ptx(KernelKey(EpilogueSpec("dact", "swiglu"), cfg, "bfloat16", "row", "col", "bfloat16"))
+    assert ".reqntid 640" in ptx and register_overcommit(ptx) is None
+    assert "setmaxnreg.inc.sync.aligned.u32 \t120" in ptx and "setmaxnreg.dec.sync.aligned.u32 \t32" in ptx
+    assert gemm_sm90.PRODUCER_REGS[4] * 128 + gemm_sm90.CONSUMER_REGS[4] * 512 == 65536

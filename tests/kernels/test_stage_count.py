@@ -115,3 +115,16 @@ def test_cooperative_192_row_dact_stages(pf, epi_n, want, monkeypatch):
     cfg = GemmConfig(192, 128, dact_prefetch=pf, epi_n=epi_n)
     key = KernelKey(EpilogueSpec("dact", "swiglu"), cfg, "bfloat16", "row", "col", "bfloat16")
     assert stages_of(key, monkeypatch) == want
+
+
+@pytest.mark.parametrize("act,pf,epi_n,want", [("swiglu", 2, 16, 3), ("swiglu", 2, 32, 2), ("gelu_tanh_approx", 3, 16, 4)])
+def test_handoff_dact_stages(act, pf, epi_n, want, monkeypatch):
+    """The handoff schedule's 64 KB of fp32 accumulators come out of the A/B ring's share: the
+    gated dact keeps 3 stages of 128x128 with 16-column subtiles (the cooperative default, 4)."""
+    pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
+    from parallel_mlp.kernels.compile import KernelKey
+    from parallel_mlp.kernels.epilogue_spec import EpilogueSpec
+
+    cfg = GemmConfig(128, 128, consumers="handoff", dact_prefetch=pf, epi_n=epi_n)
+    key = KernelKey(EpilogueSpec("dact", act), cfg, "bfloat16", "row", "col", "bfloat16")
+    assert stages_of(key, monkeypatch) == want
