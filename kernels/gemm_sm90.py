@@ -181,10 +181,15 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
         epi_bytes = sum(
             tm * w * dtypes[c].width // 8 * stages[c] if w else 1024 for c, w in widths.items()
         )
-        if self.handoff:
-            epi_bytes += tm * tn * 4  # the fp32 accumulators handed to the epilogue warpgroups
         stage_bytes = (tm * tk) * a_dtype.width // 8 + (tn * tk) * b_dtype.width // 8
         ab_stages = min((SMEM_CAPACITY - epi_bytes - 1024) // stage_bytes, self.cfg.max_stages)
+        # Handoff: an absent channel's placeholder is 16-byte aligned instead of taking a 1 KB
+        # slot, and the stage count is what the laid-out storage fits (_handoff_stages): with
+        # the 64 KB of accumulators beside them, the gated dact's 16-column buffers leave room
+        # for 4 stages that way and 3 the other.
+        self.ch_align = {c: 1024 if w or not self.handoff else 16 for c, w in widths.items()}
+        if self.handoff:
+            ab_stages = self._handoff_stages(widths, stages, dtypes, stage_bytes)
         if ab_stages < 2:
             raise ValueError(f"tile {tm}x{tn}: not enough shared memory for two stages")
         self.ab_stages = ab_stages
@@ -198,6 +203,27 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
         }
         self.ch_width = widths
         self.ch_dtype = dtypes
+
+    def _handoff_stages(self, widths, stages, dtypes, stage_bytes):
+        """The most A/B stages (up to max_stages) whose SharedStorage, laid out field by field
+        as __call__ declares it, fits SMEM_CAPACITY, for the handoff schedule."""
+        tm, tn, _ = self.tile_shape_mnk
+
+        def up(x, a):
+            return (x + a - 1) // a * a
+
+        for n in range(self.cfg.max_stages, 1, -1):
+            # ab_mbar, l_mbar, sched_mbar and acc_mbar (8-byte mbarriers), sched_idx (the static
+            # scheduler's one slot), then sAcc, the A/B ring and the channels in their order.
+            off = 8 * (2 * n + self.l_stages + 2 + 2) + 4
+            off = up(off, 16) + tm * tn * 4
+            off = up(off, 1024) + n * stage_bytes
+            for c, w in widths.items():
+                size = tm * w * dtypes[c].width // 8 * stages[c] if w else dtypes[c].width // 8
+                off = up(off, self.ch_align[c]) + size
+            if up(off, 1024) <= SMEM_CAPACITY:
+                return n
+        return 1
 
     @staticmethod
     def _epi_buffers(storage, layouts):
@@ -343,11 +369,11 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
             sAcc: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, tm_tn if self.handoff else 1], 16]
             sA: cute.struct.Align[cute.struct.MemRange[a_dtype, cute.cosize(self.sA_layout)], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[b_dtype, cute.cosize(self.sB_layout)], 1024]
-            sD: cute.struct.Align[cute.struct.MemRange[d_dtype, cosize("D")], 1024]
-            sP: cute.struct.Align[cute.struct.MemRange[post_dtype, cosize("P")], 1024]
-            sH: cute.struct.Align[cute.struct.MemRange[post_dtype, cosize("H")], 1024]
-            sX: cute.struct.Align[cute.struct.MemRange[d_dtype, cosize("X")], 1024]
-            sL: cute.struct.Align[cute.struct.MemRange[d_dtype, cosize("L")], 1024]
+            sD: cute.struct.Align[cute.struct.MemRange[d_dtype, cosize("D")], self.ch_align["D"]]
+            sP: cute.struct.Align[cute.struct.MemRange[post_dtype, cosize("P")], self.ch_align["P"]]
+            sH: cute.struct.Align[cute.struct.MemRange[post_dtype, cosize("H")], self.ch_align["H"]]
+            sX: cute.struct.Align[cute.struct.MemRange[d_dtype, cosize("X")], self.ch_align["X"]]
+            sL: cute.struct.Align[cute.struct.MemRange[d_dtype, cosize("L")], self.ch_align["L"]]
 
         self.shared_storage = SharedStorage
         # A launch with more shared memory than the SM has fails only on the GPU; fail at compile

@@ -117,10 +117,14 @@ def test_cooperative_192_row_dact_stages(pf, epi_n, want, monkeypatch):
     assert stages_of(key, monkeypatch) == want
 
 
-@pytest.mark.parametrize("act,pf,epi_n,want", [("swiglu", 2, 16, 3), ("swiglu", 2, 32, 2), ("gelu_tanh_approx", 3, 16, 4)])
+@pytest.mark.parametrize("act,pf,epi_n,want", [
+    ("swiglu", 2, 16, 4), ("swiglu", 2, 32, 3), ("swiglu", 3, 16, 3), ("gelu_tanh_approx", 3, 16, 4),
+])
 def test_handoff_dact_stages(act, pf, epi_n, want, monkeypatch):
-    """The handoff schedule's 64 KB of fp32 accumulators come out of the A/B ring's share: the
-    gated dact keeps 3 stages of 128x128 with 16-column subtiles (the cooperative default, 4)."""
+    """The handoff schedule's 64 KB of fp32 accumulators come out of the A/B ring's share, and
+    its absent channels take 16 bytes, not a 1 KB slot: the gated dact keeps 4 stages of 128x128
+    with a 3-slot ring and 16-column subtiles (the cooperative short-K default has 4), which the
+    1 KB slots would have cut to 3."""
     pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
     from parallel_mlp.kernels.compile import KernelKey
     from parallel_mlp.kernels.epilogue_spec import EpilogueSpec
