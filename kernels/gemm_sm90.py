@@ -363,8 +363,8 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
             sched_mbar: cute.struct.MemRange[cutlass.Int64, 2 * sched_slots]
             acc_mbar: cute.struct.MemRange[cutlass.Int64, 2]  # handoff: sAcc's "full" and "empty"
             sched_idx: cute.struct.MemRange[cutlass.Int32, sched_slots]
-            # handoff: the tile's fp32 accumulators, value j of mainloop thread t at j * 256 + t
-            # (consecutive threads, consecutive banks); otherwise one element inside the 1 KB
+            # handoff: the tile's fp32 accumulators, each mainloop thread's in 16-byte pieces
+            # interleaved thread by thread (_acc_slab); otherwise one element inside the 1 KB
             # in front of the A/B ring, which leaves every other kernel's layout as it was
             sAcc: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, tm_tn if self.handoff else 1], 16]
             sA: cute.struct.Align[cute.struct.MemRange[a_dtype, cute.cosize(self.sA_layout)], 1024]
@@ -865,10 +865,14 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
     # Both walk the same static tile sequence.
 
     def _acc_slab(self, sAcc, t, shape):
-        """Thread t's accumulators in sAcc, shaped as its register fragment (`shape`): value j
-        (the fragment's flat index) at j * num_mma_threads + t."""
-        spread = cute.make_layout(cute.size(shape), stride=self.num_mma_threads)
-        return cute.make_tensor(sAcc.iterator + t, cute.composition(spread, cute.make_layout(shape)))
+        """Thread t's accumulators in sAcc, shaped as its register fragment (`shape`): values
+        4i .. 4i + 3 (the fragment's flat order) in the 16 bytes at element (i * num_mma_threads
+        + t) * 4, so a warp's 16-byte stores and loads cover 512 contiguous bytes (no bank
+        conflict) and the compiler issues one st/ld.shared.v4 per four values."""
+        n = cute.size(shape)
+        spread = cute.make_layout((4, n // 4), stride=(1, 4 * self.num_mma_threads))
+        ptr = cute.make_ptr(self.acc_dtype, (sAcc.iterator + 4 * t).toint(), cute.AddressSpace.smem, assumed_align=16)
+        return cute.make_tensor(ptr, cute.composition(spread, cute.make_layout(shape)))
 
     @cute.jit
     def _handoff_mainloop(self, tidx, tiled_mma, tiled_mma_first, sA, sB, ab_pipeline, k_tiles, sched_params,
