@@ -152,6 +152,16 @@ class EpiloguePipelineSm90:
             tma_bar_ptr=ep.l_mbar + slot, cache_policy=self._policy(1),
         )
 
+    @cute.jit
+    def _start_tile_preact(self, ep, tc, count, is_store_warp):
+        """Cooperative ring (and handoff): the store warp issues tile tc's first l_ahead preact
+        subtiles before the tile's mainloop has finished, so they land while it runs (their
+        slots' stores finished by the tile before's last acquire). No-op without a preact."""
+        if cutlass.const_expr(self.ch_width["L"] > 0):
+            if is_store_warp:
+                for e in cutlass.range_constexpr(min(self.l_ahead, self.tile_shape_mnk[1] // self.epi_tile[1])):
+                    self._load_preact(ep, tc, e, count + e, 0)
+
     def _policy(self, which: int):
         """The L2 policy operand of config.cache_hints for A/B loads (0), epilogue loads (1) or
         epilogue stores (2): a constant Int64, or None for the DSL's default."""

@@ -610,12 +610,7 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
                 else:
                     while work.is_valid_tile:
                         tc = work.tile_idx
-                        if cutlass.const_expr(has["L"]):
-                            # Start this tile's first preact subtiles now, so they land during the
-                            # mainloop (their slots' stores finished by the last tile's last acquire).
-                            if warp_idx == store_warp:
-                                for e in cutlass.range_constexpr(min(self.l_ahead, tn // self.epi_tile[1])):
-                                    self._load_preact(ep, tc, e, epi_count + e, 0)
+                        self._start_tile_preact(ep, tc, epi_count, warp_idx == store_warp)
                         read_state, release_state = mainloop.consume_tile(
                             ab_pipeline, read_state, release_state, tiled_mma, tiled_mma_first, acc, tCrA, tCrB, k_tiles
                         )
@@ -906,7 +901,6 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
         tma_d, mD, tma_p, mP, tma_h, mH, tma_x, mX, tma_l, mL, mBias, m_size, n_size,
     ):
         tm, tn, _ = self.tile_shape_mnk
-        has = {c: self.ch_width[c] > 0 for c in self.ch_width}
         epi_tidx = tidx - 128 * (1 + self.num_mma_wg)
         thr_mma = tiled_mma.get_slice(epi_tidx)
         tCcT = thr_mma.partition_C(cute.make_identity_tensor((tm, tn)))
@@ -930,11 +924,7 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
         tiles = cutlass.Int32(0)
         while work.is_valid_tile:
             tc = work.tile_idx
-            if cutlass.const_expr(has["L"]):
-                # This tile's first preact subtiles load while its mainloop runs.
-                if warp_idx == store_warp:
-                    for e in cutlass.range_constexpr(min(self.l_ahead, tn // self.epi_tile[1])):
-                        self._load_preact(ep, tc, e, epi_count + e, 0)
+            self._start_tile_preact(ep, tc, epi_count, warp_idx == store_warp)
             cute.arch.mbarrier_wait(acc_mbar, tiles % 2)
             epi_count = self._epilogue_tile(
                 ep, tc, acc_of, tCcT, thr_mma.partition_C(gcG[(None, None, tc[0], tc[1])]),

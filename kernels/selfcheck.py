@@ -81,11 +81,10 @@ def variants(quick: bool = False):
     return out
 
 
-def handoff_variants(quick: bool = False):
-    """The handoff schedule (two mainloop and two epilogue warpgroups, the accumulators passed
-    through shared memory): every epilogue kind, the dact's preact rings with 16-column
-    subtiles, 2x1 and 1x2 clusters, the 128x64 tile and fp16."""
-    c = GemmConfig(128, 128, 1, 1, 8, consumers="handoff", epi_n=16)
+def _overlap_kinds(c, quick: bool):
+    """Every epilogue kind on schedule config `c`: store and the gated dact with a 3-slot ring
+    (--quick), then fp32 accumulate in a 2x1 cluster, the gated act in a 1x2 cluster, gelu's act
+    with a bias in fp16, the gated dact with a 2-slot ring and the gelu dact with a 4-slot ring."""
     out = [
         KernelKey(EpilogueSpec("store"), c, "bfloat16", "row", "col", "bfloat16"),
         KernelKey(EpilogueSpec("dact", "swiglu"), dataclasses.replace(c, dact_prefetch=2), "bfloat16", "row", "col", "bfloat16"),
@@ -96,8 +95,20 @@ def handoff_variants(quick: bool = False):
             KernelKey(EpilogueSpec("act", "swiglu"), dataclasses.replace(c, cluster_n=2), "bfloat16", "row", "row", "bfloat16"),
             KernelKey(EpilogueSpec("act", "gelu_tanh_approx", True), c, "float16", "row", "row", "float16", "float16"),
             KernelKey(EpilogueSpec("dact", "swiglu"), c, "bfloat16", "row", "col", "bfloat16"),
-            KernelKey(EpilogueSpec("dact", "gelu_tanh_approx"), dataclasses.replace(c, dact_prefetch=3),
+            KernelKey(EpilogueSpec("dact", "gelu_tanh_approx"), dataclasses.replace(c, dact_prefetch=3, epi_n=16),
                       "bfloat16", "row", "col", "bfloat16"),
+        ]
+    return out
+
+
+def handoff_variants(quick: bool = False):
+    """The handoff schedule (two mainloop and two epilogue warpgroups, the accumulators passed
+    through shared memory), 16-column subtiles: every epilogue kind (_overlap_kinds), and the
+    non-gated dact at 32 columns and the 128x64 tile's fp32 store in full."""
+    c = GemmConfig(128, 128, 1, 1, 8, consumers="handoff", epi_n=16)
+    out = _overlap_kinds(c, quick)
+    if not quick:
+        out += [
             KernelKey(EpilogueSpec("dact", "relu"), dataclasses.replace(c, epi_n=32), "float16", "row", "col", "float16"),
             KernelKey(EpilogueSpec("store"), dataclasses.replace(c, tile_n=64, cluster_m=2), "bfloat16", "col", "row", "float32"),
         ]
@@ -106,22 +117,13 @@ def handoff_variants(quick: bool = False):
 
 def cooperative192_variants(quick: bool = False):
     """The cooperative 192x128 tile (three consumer warpgroups of 64 rows at 160 registers):
-    every epilogue kind, the dact's preact rings (two slots; three or four with dpreact in place;
-    16-column subtiles), 2x1 and 1x2 clusters, the dynamic scheduler and fp16."""
+    every epilogue kind (_overlap_kinds), and in full the gated dact's 4-slot ring with
+    16-column subtiles, the dynamic scheduler and the 192x64 tile."""
     c = GemmConfig(192, 128, 1, 1, 8)
-    out = [
-        KernelKey(EpilogueSpec("store"), c, "bfloat16", "row", "col", "bfloat16"),
-        KernelKey(EpilogueSpec("dact", "swiglu"), dataclasses.replace(c, dact_prefetch=2), "bfloat16", "row", "col", "bfloat16"),
-    ]
+    out = _overlap_kinds(c, quick)
     if not quick:
         out += [
-            KernelKey(EpilogueSpec("accumulate"), dataclasses.replace(c, cluster_m=2), "bfloat16", "col", "col", "float32"),
-            KernelKey(EpilogueSpec("act", "swiglu"), dataclasses.replace(c, cluster_n=2), "bfloat16", "row", "row", "bfloat16"),
-            KernelKey(EpilogueSpec("act", "gelu_tanh_approx", True), c, "float16", "row", "row", "float16", "float16"),
-            KernelKey(EpilogueSpec("dact", "swiglu"), c, "bfloat16", "row", "col", "bfloat16"),
             KernelKey(EpilogueSpec("dact", "swiglu"), dataclasses.replace(c, dact_prefetch=3, epi_n=16),
-                      "bfloat16", "row", "col", "bfloat16"),
-            KernelKey(EpilogueSpec("dact", "gelu_tanh_approx"), dataclasses.replace(c, dact_prefetch=3, epi_n=16),
                       "bfloat16", "row", "col", "bfloat16"),
             KernelKey(EpilogueSpec("dact", "relu"), dataclasses.replace(c, scheduler="dynamic"), "float16", "row", "col", "float16"),
             KernelKey(EpilogueSpec("store"), dataclasses.replace(c, tile_n=64, cluster_m=2), "bfloat16", "col", "row", "float32"),
