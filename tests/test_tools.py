@@ -833,6 +833,13 @@ def test_overlap_steps_run_their_tests_and_configs():
 
     commands = dict(line.split(None, 1) for line in run("--list").stdout.splitlines())
     assert "-k 'three_warpgroup or handoff'" in commands["tests_overlap"]
+    # both steps start with one GPU test of each schedule, named by node ids that must exist
+    for name in ("tests_overlap", "configs_overlap"):
+        smoke = re.findall(r"'(tests/kernels/[^']+::[^']+)'", commands[name])
+        assert len(smoke) == 2 and "exit 1" in commands[name]
+        collected = subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only", *smoke],
+                                   capture_output=True, text=True, cwd=SCRIPT.parent.parent, timeout=120)
+        assert "2 tests collected" in collected.stdout, collected.stdout[-2000:]
     tests = SCRIPT.parent.parent / "tests/kernels"
     assert "def test_three_warpgroup_tile_dact" in (tests / "test_tile192_gpu.py").read_text()
     assert "def test_handoff_dact" in (tests / "test_handoff_gpu.py").read_text()
