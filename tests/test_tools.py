@@ -24,7 +24,7 @@ def test_lists_every_step_with_its_command():
     r = run("--list")
     assert r.returncode == 0
     steps = [line.split()[0] for line in r.stdout.splitlines()]
-    assert steps == ["tests_kernels", "tests_layer", "tests_defaults", "tests_all", "streamk", "streamk_fill", "configs_small", "configs_wave", "configs_mid", "configs_long_k", "configs_dact", "configs_swap", "configs_ring", "configs_raster", "configs_narrow_gelu", "configs_narrow_ring", "configs_narrow_n", "configs_sk_pingpong", "tests_overlap", "configs_overlap", "configs_sk160", "tests_pdl", "pdl", "short_k_probe", "plain_gemms", "plain_gemms_host", "gemm", "mlp", "sweep", "sweep_ceiling", "sweep_plain_launches", "sweep_below_eager", "sweep_small", "sweep_graphed",
+    assert steps == ["tests_kernels", "tests_layer", "tests_defaults", "tests_all", "streamk", "streamk_fill", "configs_small", "configs_wave", "configs_mid", "configs_long_k", "configs_dact", "configs_swap", "configs_ring", "configs_raster", "configs_narrow_gelu", "configs_narrow_ring", "configs_narrow_n", "configs_sk_pingpong", "tests_overlap", "configs_overlap", "overlap_ab", "configs_sk160", "tests_pdl", "pdl", "short_k_probe", "plain_gemms", "plain_gemms_host", "gemm", "mlp", "sweep", "sweep_ceiling", "sweep_plain_launches", "sweep_below_eager", "sweep_small", "sweep_graphed",
                      "tp", "tp_sp", "profile", "profile_narrow", "launch_graphs", "launch_keys", "held_turns", "kernels_vs_quack", "kernels_vs_quack_below", "graph_memory", "memory_trace", "small_step_variants", "host_paths", "timing_spread", "host_step",
                      "host_stages", "host_env", "host_phases", "cold", "clock", "full", "ncu", "ncu_dact", "ncu_dact_pingpong", "ncu_smem", "ncu_vs_quack", "ncu_epilogue_gap"]
     # every step the script defines is listed (a step missing from the list still ran, unseen)
@@ -460,6 +460,13 @@ def test_option_ab_replaces_the_fields_in_the_schedule_asked_where_they_stay_val
     assert ring.changed == {cooperative, stream_k}
     rule = option_ab.FieldRewrite({})
     assert rule(pingpong) is pingpong and not rule.changed
+    # --where: only the configs whose fields already hold the values (the short-K dact's ring)
+    short_k = GemmConfig(128, 128, dact_prefetch=3)
+    handoff = option_ab.FieldRewrite({"consumers": "handoff", "dact_prefetch": 2, "epi_n": 16},
+                                     where={"dact_prefetch": 3})
+    assert handoff(cooperative) is cooperative and handoff(pingpong) is pingpong
+    assert handoff(short_k) == GemmConfig(128, 128, consumers="handoff", dact_prefetch=2, epi_n=16)
+    assert handoff.changed == {short_k}
 
 
 def test_option_ab_steps_launch_the_rewritten_configs_and_the_rules(monkeypatch):
@@ -493,6 +500,9 @@ def test_option_ab_refuses_bad_fields_and_shapes_and_needs_a_gpu(monkeypatch, ca
     with pytest.raises(SystemExit):
         option_ab.main(["--also", "max_stages=4", "--shapes", "8192:4096"])
     assert "expected T:d:h:activation" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        option_ab.main(["--also", "max_stages=4", "--where", "prefetch=3"])
+    assert "is not FIELD=VALUE" in capsys.readouterr().err
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit, match="needs a CUDA GPU"):
             option_ab.main(["--also", "max_stages=4", "--shapes", "512:1024:2816:swiglu"])
