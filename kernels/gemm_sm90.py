@@ -69,13 +69,15 @@ except ImportError:  # pragma: no cover
     LayoutEnum = utils.LayoutEnum
 
 SMEM_CAPACITY = 232448  # max dynamic smem per CTA on sm_90 (227 KB)
-# Registers per thread after setmaxnreg, by the number of consumer warpgroups. The SM's 64 K
-# registers are the CTA's (one CTA per SM): 128 x 40 + 256 x 232 = 64,512 with two consumer
-# warpgroups; with three (the cooperative 192-row tile), 128 x 32 + 384 x 160 = 65,536, the
-# split FlashAttention-3 uses for its three consumer warpgroups; with four (the handoff
-# schedule's two mainloop and two epilogue warpgroups), 128 x 32 + 512 x 120 = 65,536.
+# Registers per thread after setmaxnreg, by the number of consumer warpgroups. setmaxnreg moves
+# registers within what the CTA was launched with: the threads times the per-thread count
+# ptxas gives a kernel of that many (65,536 / threads, down to a multiple of 8). 384 threads
+# (168 each): 128 x 40 + 256 x 232 = 64,512; 512 threads (128 each; the cooperative 192-row
+# tile): 128 x 32 + 384 x 160 = 65,536, the split FlashAttention-3 uses for its three consumer
+# warpgroups; 640 threads (96 each; the handoff schedule's two mainloop and two epilogue
+# warpgroups): 128 x 32 + 512 x 112 = 61,440. An increase past the pool waits forever.
 PRODUCER_REGS = {1: 40, 2: 40, 3: 32, 4: 32}
-CONSUMER_REGS = {1: 232, 2: 232, 3: 160, 4: 120}
+CONSUMER_REGS = {1: 232, 2: 232, 3: 160, 4: 112}
 PREACT_RING = 2  # preact slots of the dact that writes dpreact to buffers of its own
 
 # Named barrier IDs (0 is __syncthreads). Cooperative: 1 = the 256 consumer threads' epilogue

@@ -377,20 +377,29 @@ def dynamic_variants(quick: bool = False):
     return out
 
 
+def launch_registers(threads: int) -> int:
+    """The registers a CTA of `threads` threads is launched with, one CTA per SM: ptxas gives a
+    kernel that uses setmaxnreg the most registers per thread its thread count allows, 65,536 /
+    threads down to a multiple of 8 (at most 248): 168 at 384 threads, 128 at 512, 96 at 640."""
+    return threads * min(65536 // threads // 8 * 8, 248)
+
+
 def register_overcommit(ptx: str):
-    """None if the warpgroups' setmaxnreg counts fit the SM's 64 K registers, else what does not:
-    the producer warpgroup (128 threads) drops to the `dec` count, the rest of the CTA's threads
-    (.reqntid) rise to the `inc` count, and with one CTA per SM their sum may not pass 65,536.
-    An overcommitted `inc` waits forever on the GPU; here it fails the compile check instead."""
+    """None if the warpgroups' setmaxnreg counts fit the registers the CTA is launched with
+    (launch_registers), else what does not: the producer warpgroup (128 threads) drops to the
+    `dec` count and the rest of the CTA's threads (.reqntid) rise to the `inc` count, within that
+    pool. An `inc` past it waits forever on the GPU (as the handoff schedule's first split, 32
+    and 120 at 640 threads, did on an H100); here it fails the compile check instead."""
     threads = re.search(r"\.reqntid\s+(\d+)", ptx)
     dec = re.findall(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+(\d+)", ptx)
     inc = re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+)", ptx)
     if not (threads and len(set(dec)) == 1 and len(set(inc)) == 1):
         return f"setmaxnreg: expected one .reqntid and one dec and one inc count, got {threads and threads.group(1)}, {dec}, {inc}"
     n, d, i = int(threads.group(1)), int(dec[0]), int(inc[0])
-    total = 128 * d + (n - 128) * i
-    if total > 65536:
-        return f"setmaxnreg: 128 x {d} + {n - 128} x {i} = {total} registers, over the SM's 65536"
+    total, pool = 128 * d + (n - 128) * i, launch_registers(n)
+    if total > pool:
+        return (f"setmaxnreg: 128 x {d} + {n - 128} x {i} = {total} registers, over the {pool} a CTA of "
+                f"{n} threads is launched with")
     return None
 
 

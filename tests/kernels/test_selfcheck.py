@@ -58,19 +58,23 @@ def _regs_ptx(threads, dec, inc):
             f"\tsetmaxnreg.dec.sync.aligned.u32 \t{dec};\n\tsetmaxnreg.inc.sync.aligned.u32 \t{inc};\n")
 
 
-@pytest.mark.parametrize("threads,dec,inc", [(384, 40, 232), (512, 32, 160), (640, 32, 120), (256, 40, 232)])
+@pytest.mark.parametrize("threads,dec,inc", [(384, 40, 232), (512, 32, 160), (640, 32, 112), (256, 40, 232)])
 def test_register_split_within_the_sm(threads, dec, inc):
     from parallel_mlp.kernels.selfcheck import register_overcommit
 
     assert register_overcommit(_regs_ptx(threads, dec, inc)) is None
 
 
-@pytest.mark.parametrize("threads,dec,inc", [(512, 40, 232), (512, 40, 160), (384, 40, 240)])
-def test_register_split_over_the_sm_fails(threads, dec, inc):
-    from parallel_mlp.kernels.selfcheck import register_overcommit
+@pytest.mark.parametrize("threads,dec,inc,pool", [
+    (512, 40, 232, 65536), (512, 40, 160, 65536), (384, 40, 240, 64512),
+    (640, 32, 120, 61440),  # the handoff split that hung on an H100: 65,536 but not 61,440
+])
+def test_register_split_over_the_launch_pool_fails(threads, dec, inc, pool):
+    from parallel_mlp.kernels.selfcheck import launch_registers, register_overcommit
 
+    assert launch_registers(threads) == pool
     msg = register_overcommit(_regs_ptx(threads, dec, inc))
-    assert msg and f"128 x {dec} + {threads - 128} x {inc}" in msg and "over the SM's 65536" in msg
+    assert msg and f"128 x {dec} + {threads - 128} x {inc}" in msg and f"over the {pool}" in msg
 
 
 def test_register_split_needs_both_counts():
@@ -94,7 +98,8 @@ def test_cooperative_192_row_tile_splits_registers_three_ways():
 
 
 def test_handoff_splits_registers_five_ways():
-    """A producer at 32 and four consumer warpgroups (two mainloop, two epilogue) at 120."""
+    """A producer at 32 and four consumer warpgroups (two mainloop, two epilogue) at 112: the
+    61,440 registers a 640-thread CTA is launched with (96 a thread)."""
     from parallel_mlp.kernels import gemm_sm90
     from parallel_mlp.kernels.compile import KernelKey, kernel_ptx
     from parallel_mlp.kernels.config import GemmConfig
@@ -104,5 +109,5 @@ def test_handoff_splits_registers_five_ways():
     cfg = GemmConfig(128, 128, consumers="handoff", epi_n=16, dact_prefetch=2)
     ptx = kernel_ptx(KernelKey(EpilogueSpec("dact", "swiglu"), cfg, "bfloat16", "row", "col", "bfloat16"))
     assert ".reqntid 640" in ptx and register_overcommit(ptx) is None
-    assert "setmaxnreg.inc.sync.aligned.u32 \t120" in ptx and "setmaxnreg.dec.sync.aligned.u32 \t32" in ptx
-    assert gemm_sm90.PRODUCER_REGS[4] * 128 + gemm_sm90.CONSUMER_REGS[4] * 512 == 65536
+    assert "setmaxnreg.inc.sync.aligned.u32 \t112" in ptx and "setmaxnreg.dec.sync.aligned.u32 \t32" in ptx
+    assert gemm_sm90.PRODUCER_REGS[4] * 128 + gemm_sm90.CONSUMER_REGS[4] * 512 == 61440
