@@ -81,21 +81,21 @@
 #                    of the MMA: the cooperative 192x128 tile of three consumer warpgroups and the
 #                    handoff schedule (two mainloop and two epilogue warpgroups, the accumulators
 #                    through shared memory); every epilogue kind, the dact's preact rings,
-#                    clusters, tails; bitwise equal to cooperative 128x128 (~4 min)
+#                    clusters, tails; bitwise equal to cooperative 128x128 (31 s on an H100)
 #     configs_overlap  those two beside the default, held 0.4 s x 6 (x 4 at the headline): the
 #                    dacts at K = 1024 (T=8192 and 65536 d=1024 swiglu, T=65536 d=1024 gelu
 #                    h=1024; the small step T=4096 d=1024 gelu as CUDA graphs of 20), each with
 #                    a 3-slot and a 4-slot preact ring; the dact at K = 2048 (T=8192 d=2048
 #                    swiglu h=5632); fc1 + act and the dact of the narrow gelu shards T=8192
-#                    d=4096 h=2048 and T=16384 d=5120 h=2560; every GEMM of the headline (~7 min)
+#                    d=4096 h=2048 and T=16384 d=5120 h=2560; every GEMM of the headline (309 s)
 #     overlap_ab     whole fwd+bwd steps with the short-K dact (its config alone: dact_prefetch=3)
 #                    on the handoff schedule and on the cooperative 192x128 tile, beside the rule
 #                    and eager (tools/option_ab.py --where, held 0.4 s x 6) at T=8192 and 65536
-#                    d=1024 swiglu and T=65536 d=1024 gelu h=1024 (~4 min)
+#                    d=1024 swiglu and T=65536 d=1024 gelu h=1024 (72 s)
 #     configs_sk160  the long-K dW2 += whose 256-wide tiles pad N (h shards of Llama 2 7B and
 #                    13B, Qwen2.5-7B at TP8 and TP4; T=8192 and 16384): the default beside
 #                    stream-K 128x160 (its B operand in a 64B swizzle), held 0.4 s x 6, the data a
-#                    rule for 160-wide stream-K tiles needs (~3 min)
+#                    rule for 160-wide stream-K tiles needs (127 s)
 #     tests_pdl      the GPU tests of programmatic dependent launch (GemmConfig.pdl, ops.set_pdl):
 #                    every epilogue kind and schedule bitwise equal to its twin without it, a kernel
 #                    reading the output of a one-CTA kernel still running and overwriting the
