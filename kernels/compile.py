@@ -124,8 +124,9 @@ def dsl_safe_argv():
     Where it builds a JIT engine (on a GPU host) the DSL runs ``argparse.parse_known_args()`` over
     ``sys.argv`` on every compile (looking for its ``-diagnostic`` flag). A user's own flags then
     collide with it: ``--h 7168`` is taken as an abbreviation of ``--help`` (prints usage and
-    exits), ``-d 4096`` as ``-diagnostic 4096`` (an invalid choice: exits). So our compiles see a bare argv, and so does anything else that
-    compiles through the DSL under this context (the benchmark runs quack's MLP inside it).
+    exits), ``-d 4096`` as ``-diagnostic 4096`` (an invalid choice: exits). So our compiles see a
+    bare argv, and so does anything else that compiles through the DSL under this context (the
+    benchmark runs quack's MLP inside it).
     """
     saved = sys.argv
     sys.argv = saved[:1] if saved else ["python"]
