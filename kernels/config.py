@@ -104,6 +104,17 @@ COOPERATIVE_MIN_K = 6144
 # 1.037x and 1.003x after), the swiglu shard 1.404 -> 1.406. On an H200, the same A/B
 # (benchmarks/h200-narrow-dact.txt): 0.859 -> 0.898, 0.879 -> 0.909, 0.860 -> 0.873.
 NARROW_COOPERATIVE_MIN_K = 4096
+# From this K up, big GEMMs past COOPERATIVE_MIN_K take cooperative 128x256 even where pingpong
+# 128x192's waves take fewer columns of tile time. Pingpong's gain is its epilogue hidden behind
+# the other warpgroup's mainloop, a share of a tile's time that shrinks as K grows; cooperative
+# 128x256 reads 10% fewer operand bytes per MAC (384 against 320 rows of A and B per 32768 against
+# 24576 outputs) at every K. Held 0.4 s x 4 on an H100, 2026-12-05 (`bench configs --hold-s 0.4
+# --rounds 4 --also consumers=cooperative,tile_n=256`; benchmarks/h100-long-k.txt), ms, pingpong
+# -> cooperative (cuBLAS): at K = 11008 and 22016 fc2 and dx of T=16384 d=8192 swiglu h=11008
+# 4.650 -> 4.355 (4.374) and 9.414 -> 8.687 (9.053), dx of T=8192 d=8192 swiglu h=5504 2.227 ->
+# 2.204 (2.230); at K = 8192, T=8192 d=8192 gelu h=8192, fc2 1.632 -> 1.648 and dx 1.637 -> 1.648
+# (pingpong ahead, as on an H200 in the figures above). Between the two Ks measured.
+LONG_K_COOPERATIVE_MIN_K = 10240
 
 # Big dacts up to this K run cooperative 128x128 tiles in 1x1 clusters, raster 8 (the small-shape
 # dact's config) instead of big_pingpong_config. At K = 1024 the mainloop of a tile is as short
@@ -569,8 +580,9 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
     Big GEMMs (``is_big``) with K >= COOPERATIVE_MIN_K (fc2, dx and the wgrads of an MLP at
     T=8192), except the dact: cooperative 128x256, 2x1 cluster, walking groups of 8 cluster rows
     (``with_raster``, as every big whole-tile GEMM does), unless it runs
-    whole tiles and pingpong 128x192 takes no more columns of tile time (``wave_columns``: e.g.
-    every GEMM of T=8192 d=8192 gelu h=8192, and fc1 at T=16384 d=8192 swiglu h=11008).
+    whole tiles, K is below LONG_K_COOPERATIVE_MIN_K and pingpong 128x192 takes no more columns
+    of tile time (``wave_columns``: e.g. every GEMM of T=8192 d=8192 gelu h=8192, and fc1 at
+    T=16384 d=8192 swiglu h=11008, whose fc2 and dx, at K = 11008 and 22016, run cooperative).
 
     Other big GEMMs (fc1, dy@W2 and its dact at d=4096): ``big_pingpong_config``, or, where
     that is 128x128 tiles at K >= NARROW_COOPERATIVE_MIN_K, cooperative 128x256 for store, act and
@@ -628,7 +640,7 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
         if kind == "dact":
             return with_raster(cooperative) if narrow_cooperative else pingpong
         if k >= COOPERATIVE_MIN_K:
-            if (cooperative.stream_k or pingpong.tile_n != 192
+            if (cooperative.stream_k or pingpong.tile_n != 192 or k >= LONG_K_COOPERATIVE_MIN_K
                     or wave_columns(cooperative, m, n) < wave_columns(pingpong, m, n)):
                 return with_raster(cooperative)
         elif narrow_cooperative:

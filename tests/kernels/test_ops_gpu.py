@@ -611,6 +611,9 @@ BIG_LONG_K = (4104, 6200, 4200)  # the same with K past COOPERATIVE_MIN_K
 # K past COOPERATIVE_MIN_K where pingpong 128x192's waves fill the grid better than whole
 # cooperative 128x256 tiles (config.default_config): pingpong at long K, tails in M, N and K
 BIG_LONG_K_WAVES = (2568, 6200, 5640)
+# The same from K = LONG_K_COOPERATIVE_MIN_K up, where cooperative 128x256 takes over whatever
+# the columns: tails in M, N and K
+BIG_LONGER_K = (2568, 10300, 5640)
 # K from NARROW_COOPERATIVE_MIN_K, below COOPERATIVE_MIN_K, where pingpong would take 128x128
 # tiles: cooperative 128x256 for store and act (accumulate keeps pingpong), tails in M, N, K
 BIG_NARROW_COOP = (5512, 4200, 1288)
@@ -618,11 +621,12 @@ BIG_NARROW_COOP = (5512, 4200, 1288)
 # cooperative 128x256's both leave the grid idle: stream-K 128x256 for store and act
 # (config.STREAM_K_OVER_PINGPONG_KINDS; accumulate keeps pingpong), tails in M, N and K
 BIG_SK_OVER_PINGPONG = (8200, 4104, 2760)
-BIG_SHAPE_IDS = ["tailed", "long_k", "long_k_waves", "narrow_coop", "sk_over_pingpong"]
+BIG_SHAPE_IDS = ["tailed", "long_k", "long_k_waves", "longer_k", "narrow_coop",
+                 "sk_over_pingpong"]
 
 
-@pytest.mark.parametrize("shape", [BIG_TAILED, BIG_LONG_K, BIG_LONG_K_WAVES, BIG_NARROW_COOP,
-                                   BIG_SK_OVER_PINGPONG], ids=BIG_SHAPE_IDS)
+@pytest.mark.parametrize("shape", [BIG_TAILED, BIG_LONG_K, BIG_LONG_K_WAVES, BIG_LONGER_K,
+                                   BIG_NARROW_COOP, BIG_SK_OVER_PINGPONG], ids=BIG_SHAPE_IDS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_default_big_gemm_and_accumulate(dtype, shape):
     from parallel_mlp.kernels import ops
@@ -639,8 +643,8 @@ def test_default_big_gemm_and_accumulate(dtype, shape):
     check(acc, base + 2 * (at.float() @ b.float()), base + 2 * (at @ b).float(), "default big accumulate")
 
 
-@pytest.mark.parametrize("shape", [BIG_TAILED, BIG_LONG_K, BIG_LONG_K_WAVES, BIG_NARROW_COOP,
-                                   BIG_SK_OVER_PINGPONG], ids=BIG_SHAPE_IDS)
+@pytest.mark.parametrize("shape", [BIG_TAILED, BIG_LONG_K, BIG_LONG_K_WAVES, BIG_LONGER_K,
+                                   BIG_NARROW_COOP, BIG_SK_OVER_PINGPONG], ids=BIG_SHAPE_IDS)
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("act", ["swiglu", "gelu_tanh_approx", "relu_sq"])
 def test_default_big_gemm_act_and_recompute_bits(act, bias, shape):

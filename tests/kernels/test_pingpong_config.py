@@ -156,7 +156,7 @@ def test_long_k_takes_pingpong_where_its_waves_fill_the_grid_as_well():
     tie = (16384, 22016, 8192)
     assert (wave_columns(GemmConfig(128, 256, 2, 1, 16), *tie[:2])
             == wave_columns(big_pingpong_config(*tie[:2], 132), *tie[:2]) == 21504)
-    flipped = [(8192, 8192, 8192), (16384, 8192, 11008), (16384, 8192, 22016), tie]
+    flipped = [(8192, 8192, 8192), tie]
     kept = [(4096, 14336, 8192), (28672, 4096, 8192), (8192, 4096, 14336)]
     for m, n, k in flipped + kept:
         picks = {kind: default_config(m, n, k, 132, kind) for kind in ("store", "act", "accumulate")}
@@ -175,6 +175,31 @@ def test_long_k_takes_pingpong_where_its_waves_fill_the_grid_as_well():
     assert wave_columns(big_pingpong_config(m, n, 132), m, n) < 256 * 3
     cfg = default_config(m, n, k, 132, "store")
     assert (cfg.consumers, cfg.tile_n, cfg.stream_k) == ("cooperative", 256, True)
+
+
+def test_from_long_k_cooperative_128x256_whatever_the_columns():
+    """From K = LONG_K_COOPERATIVE_MIN_K up, big GEMMs take cooperative 128x256 though pingpong
+    128x192's waves take fewer columns of tile time: fc2 and dx of T=16384 d=8192 swiglu h=11008
+    (K = 11008 and 22016; 8064 against 8192 columns) and dx of T=8192 d=8192 swiglu h=5504
+    (K = 11008), measured 1-8% faster cooperative on an H100, for store, act and accumulate
+    alike; just below that K the columns still decide (pingpong at K = 8192, measured faster)."""
+    from parallel_mlp.kernels.config import (GemmConfig, LONG_K_COOPERATIVE_MIN_K,
+                                             big_pingpong_config, default_config, wave_columns)
+
+    assert 8192 < LONG_K_COOPERATIVE_MIN_K <= 11008
+    for m, n, k in [(16384, 8192, 11008), (16384, 8192, 22016), (8192, 8192, 11008),
+                    (2568, 5640, 10300)]:
+        assert (wave_columns(big_pingpong_config(m, n, 132), m, n)
+                < wave_columns(GemmConfig(128, 256, 2, 1, 16), m, n)), (m, n)
+        for kind in ("store", "act", "accumulate"):
+            cfg = default_config(m, n, k, 132, kind)
+            assert (cfg.consumers, cfg.tile_n, cfg.cluster_m, cfg.stream_k) == \
+                ("cooperative", 256, 2, False), (m, n, k, kind)
+            assert raster(cfg) == ROWS_SERPENTINE, (m, n, k, kind)
+            below = default_config(m, n, LONG_K_COOPERATIVE_MIN_K - 64, 132, kind)
+            assert (below.consumers, below.tile_n) == ("pingpong", 192), (m, n, kind)
+        # the dact keeps its own rule
+        assert default_config(m, n, k, 132, "dact").consumers == "pingpong"
 
 
 def test_narrow_pingpong_gives_way_to_cooperative_128x256_from_k_4096():
