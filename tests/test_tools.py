@@ -440,9 +440,9 @@ def test_pdl_ab_refuses_bad_shapes_and_needs_a_gpu(monkeypatch, capsys):
 
 
 def test_option_ab_replaces_the_fields_in_the_schedule_asked_where_they_stay_valid(monkeypatch):
-    """tools/option_ab.py's rewrite: the fields go into each config of the schedule named (every
-    schedule without one), a config they would make invalid stays as the rule picked it, and the
-    configs changed and met are counted."""
+    """tools/option_ab.py's rewrite: the fields go into each config whose fields hold --where's
+    values (every config without it; e.g. one consumer schedule's), a config they would make
+    invalid stays as the rule picked it, and the configs changed and met are counted."""
     monkeypatch.syspath_prepend(str(TOOLS))
     import option_ab
 
@@ -451,7 +451,7 @@ def test_option_ab_replaces_the_fields_in_the_schedule_asked_where_they_stay_val
     cooperative = GemmConfig()
     pingpong = GemmConfig(tile_n=192, consumers="pingpong")
     stream_k = GemmConfig(stream_k=True)
-    narrow = option_ab.FieldRewrite({"epi_n": 16}, "pingpong")
+    narrow = option_ab.FieldRewrite({"epi_n": 16}, where={"consumers": "pingpong"})
     assert narrow(pingpong).epi_n == 16 and narrow(cooperative) is cooperative
     assert narrow.changed == {pingpong} and narrow.seen == {pingpong, cooperative}
     ring = option_ab.FieldRewrite({"dact_prefetch": 3})

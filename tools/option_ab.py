@@ -1,9 +1,8 @@
 """The fused step with GemmConfig fields replaced in the configs the rule picks, beside the same
 step on the rule's own configs, and eager (a GPU is needed).
 
-    python3 tools/option_ab.py --also FIELD=VALUE[,...] [--consumers pingpong]
-                               [--where FIELD=VALUE[,...]] [--hold-s 0.4] [--rounds 6]
-                               [--shapes T:d:h:act,...]
+    python3 tools/option_ab.py --also FIELD=VALUE[,...] [--where FIELD=VALUE[,...]]
+                               [--hold-s 0.4] [--rounds 6] [--shapes T:d:h:act,...]
 
 ``bench configs --also`` times one GEMM at a time; whether an option belongs in the default rule
 is decided by whole steps, where its kernels run between the step's others. Both variants here
@@ -11,10 +10,10 @@ launch through ``ops.rewriting_configs`` (the baseline's rewrite keeps every con
 picked it), so both launch kernel by kernel, past the plan cache and the launch groups' graphs,
 and differ in the kernels alone. That is fair where the GPU decides the step, which is where an
 epilogue option can pay (the default shapes); at a host-bound step both would read the host.
-``--consumers`` limits the fields to the configs of one consumer schedule; a config the fields
-make invalid (a three-slot preact ring in a pingpong config) stays as the rule has it.
-``--where`` limits them further to the configs whose fields already hold those values (e.g.
-``dact_prefetch=3``: the short-K dact's config alone). Compile
+``--where`` limits the fields to the configs whose fields already hold those values (e.g.
+``consumers=pingpong``: one consumer schedule's configs; ``dact_prefetch=3``: the short-K dact's
+config alone); a config the fields make invalid (a three-slot preact ring in a pingpong config)
+stays as the rule has it. Compile
 the option's kernels first (``python -m parallel_mlp.kernels.warmup --shapes ... --also FIELDS
 -j 16``), or the warm-up steps compile them one by one.
 
@@ -46,19 +45,17 @@ SHAPES = "8192:4096:14336:swiglu,8192:4096:11008:swiglu,8192:5120:13824:swiglu,"
 
 
 class FieldRewrite:
-    """A config rewrite for ops.rewriting_configs: ``fields`` replaced in each config of the
-    ``consumers`` schedule (any, if None) whose fields hold ``where``'s values, where they leave
-    it valid; ``changed`` and ``seen`` collect the distinct configs rewritten and met."""
+    """A config rewrite for ops.rewriting_configs: ``fields`` replaced in each config whose
+    fields hold ``where``'s values (every config, without one), where they leave it valid;
+    ``changed`` and ``seen`` collect the distinct configs rewritten and met."""
 
-    def __init__(self, fields: dict, consumers: str | None = None, where: dict | None = None):
-        self.fields, self.consumers, self.where = fields, consumers, where or {}
+    def __init__(self, fields: dict, where: dict | None = None):
+        self.fields, self.where = fields, where or {}
         self.changed, self.seen = set(), set()
 
     def __call__(self, cfg):
         self.seen.add(cfg)
-        if not self.fields or (self.consumers is not None and cfg.consumers != self.consumers):
-            return cfg
-        if any(getattr(cfg, name) != value for name, value in self.where.items()):
+        if not self.fields or any(getattr(cfg, name) != value for name, value in self.where.items()):
             return cfg
         try:
             new = dataclasses.replace(cfg, **self.fields)
@@ -80,8 +77,6 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--also", required=True, metavar="FIELD=VALUE[,FIELD=VALUE]",
                    help="GemmConfig fields to replace, as bench configs --also takes them")
-    p.add_argument("--consumers", choices=("cooperative", "pingpong", "handoff"), default=None,
-                   help="replace them in the configs of this schedule only")
     p.add_argument("--where", default=None, metavar="FIELD=VALUE[,FIELD=VALUE]",
                    help="replace them only in the configs whose fields have these values")
     p.add_argument("--hold-s", type=float, default=0.4)
@@ -96,15 +91,14 @@ def main(argv=None) -> int:
         p.error(str(e))
     if not torch.cuda.is_available():
         raise SystemExit("option_ab.py needs a CUDA GPU")
-    scope = f" in the {args.consumers} configs" if args.consumers else ""
-    scope += f" where {args.where}" if args.where else ""
+    scope = f" where {args.where}" if args.where else ""
     print(device_and_host_line(args.hold_s, args.rounds))
     print(f"{args.also}{scope} against the rule's configs, both launched kernel by kernel")
     print(f"{'shape':38s} {'eager ms':>9s} {'option':>8s} {'rule':>8s} {'copy':>8s} "
           f"{'opt/eager':>9s} {'rule/eager':>10s} {'gain':>7s} {'configs changed':>15s}")
     for T, d, h, act in shapes:
         ours, eager, copy, x, dy, _ = fused_and_eager(T, d, h, act, launch_graphs=False)
-        option, rule = FieldRewrite(fields, args.consumers, where), FieldRewrite({})
+        option, rule = FieldRewrite(fields, where), FieldRewrite({})
         fns = [lambda: train_step(eager, x, dy), _rewritten(ours, x, dy, option),
                _rewritten(ours, x, dy, rule), lambda: train_step(copy, x, dy)]
         ms, over_eager, gain = eager_two_ways_copy(fns, args.hold_s, args.rounds)
