@@ -613,7 +613,7 @@ BIG_LONG_K = (4104, 6200, 4200)  # the same with K past COOPERATIVE_MIN_K
 BIG_LONG_K_WAVES = (2568, 6200, 5640)
 # The same from K = LONG_K_COOPERATIVE_MIN_K up, where cooperative 128x256 takes over whatever
 # the columns: tails in M, N and K
-BIG_LONGER_K = (2568, 10300, 5640)
+BIG_LONGER_K = (2568, 10312, 5640)  # K: 161 tiles of 64 and a tail of 8
 # K from NARROW_COOPERATIVE_MIN_K, below COOPERATIVE_MIN_K, where pingpong would take 128x128
 # tiles: cooperative 128x256 for store and act (accumulate keeps pingpong), tails in M, N, K
 BIG_NARROW_COOP = (5512, 4200, 1288)
