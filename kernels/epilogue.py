@@ -26,15 +26,16 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
-from .device_math import DEVICE_MATH
+from .device_math import DeviceMath
 from .epilogue_spec import EpilogueSpec
 
 
 class Epilogue:
     """The device side of an EpilogueSpec: `visit` fills one subtile's outputs."""
 
-    def __init__(self, spec: EpilogueSpec):
+    def __init__(self, spec: EpilogueSpec, math: DeviceMath):
         self.spec = spec
+        self.math = math  # the primitives the activation's formulas run with
         # The gated dact's pair permutation for odd rows (set by the kernel at trace time; see
         # PersistentGemmSm90._pair_swap), or None.
         self.pair_swap = None
@@ -66,7 +67,7 @@ class Epilogue:
         s = self.spec
         pair_swap = self.pair_swap
         S = cute.size(rAcc)
-        m = DEVICE_MATH
+        m = self.math
         if cutlass.const_expr(s.kind == "store" or s.kind == "accumulate"):
             for v in cutlass.range_constexpr(S):
                 rD[v] = rAcc[v]
