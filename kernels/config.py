@@ -234,13 +234,9 @@ class GemmConfig:
     # Every other group walks its long side from the far end, so each group starts on the A rows
     # (or B columns) that the one before it ended on.
     serpentine: bool = False
-    # The epilogues' sigmoid (swiglu, swiglu_oai, glu) as 0.5 + 0.5 tanh(x / 2), one
-    # special-function op per element instead of two (device_math.DeviceMath.sigmoid).
-    sigmoid_by_tanh: bool = False
 
     def __post_init__(self):
-        for name in ("l2_prefetch", "stream_k", "dact_pair_swap", "serpentine", "pdl",
-                     "sigmoid_by_tanh"):
+        for name in ("l2_prefetch", "stream_k", "dact_pair_swap", "serpentine", "pdl"):
             # a string such as "no" would otherwise switch the option on without a word
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be True or False")
@@ -345,7 +341,6 @@ class GemmConfig:
         st += "" if self.raster_along == "n" else "_rm"
         st += "_sp" if self.serpentine else ""
         st += "_pdl" if self.pdl else ""
-        st += "_sigt" if self.sigmoid_by_tanh else ""
         return (
             f"t{self.tile_m}x{self.tile_n}_c{self.cluster_m}x{self.cluster_n}"
             f"_g{self.raster_group}_sm{self.num_sms}{sched}{cons}{pf}{l2}{st}"

@@ -16,10 +16,6 @@ from cutlass import Float32
 class DeviceMath:
     """tanh / sigmoid / relu / step / erf / exp on fp32 scalars inside a ``@cute.jit`` trace."""
 
-    # The sigmoid as 0.5 + 0.5 * tanh(x / 2): one MUFU op (tanh.approx) instead of two (ex2 and
-    # rcp), at tanh.approx's error (~2^-11 absolute near the tails). GemmConfig.sigmoid_by_tanh.
-    sigmoid_by_tanh = False
-
     @staticmethod
     def tanh(x):
         # fastmath=True lowers to tanh.approx.f32, one MUFU op with an error of about 2^-11 (PTX
@@ -32,14 +28,12 @@ class DeviceMath:
         # would have no such cancellation at one more MUFU op per element; not timed yet.
         return cute.math.tanh(Float32(x), fastmath=True)
 
-    def sigmoid(self, x):
+    @staticmethod
+    def sigmoid(x):
         # 1 / (1 + e^-x): e^-x overflows to inf for x << 0 and rcp(inf) is exactly 0, so no clamp
         # is needed. The approximate reciprocal (one MUFU op, ~1 ulp) instead of the IEEE-rounded
         # division, which lowers to a Newton refinement plus a slow-path branch: the result is
         # rounded to bf16/fp16 anyway, and the gated dact evaluates it once per output element.
-        if self.sigmoid_by_tanh:  # a Python bool, fixed at trace time
-            half = Float32(0.5)
-            return half + half * cute.math.tanh(half * Float32(x), fastmath=True)
         return cute.arch.rcp_approx(Float32(1.0) + cute.math.exp(-Float32(x), fastmath=True))
 
     @staticmethod
@@ -64,13 +58,3 @@ class DeviceMath:
 
 
 DEVICE_MATH = DeviceMath()
-
-
-class TanhSigmoidMath(DeviceMath):
-    """DEVICE_MATH with the sigmoid by tanh (GemmConfig.sigmoid_by_tanh)."""
-
-    sigmoid_by_tanh = True
-
-
-def device_math(sigmoid_by_tanh: bool) -> DeviceMath:
-    return TanhSigmoidMath() if sigmoid_by_tanh else DEVICE_MATH

@@ -26,16 +26,15 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
-from .device_math import DeviceMath
+from .device_math import DEVICE_MATH
 from .epilogue_spec import EpilogueSpec
 
 
 class Epilogue:
     """The device side of an EpilogueSpec: `visit` fills one subtile's outputs."""
 
-    def __init__(self, spec: EpilogueSpec, math: DeviceMath):
+    def __init__(self, spec: EpilogueSpec):
         self.spec = spec
-        self.math = math  # the primitives the activation's formulas run with
         # The gated dact's pair permutation for odd rows (set by the kernel at trace time; see
         # PersistentGemmSm90._pair_swap), or None.
         self.pair_swap = None
@@ -67,7 +66,7 @@ class Epilogue:
         s = self.spec
         pair_swap = self.pair_swap
         S = cute.size(rAcc)
-        m = self.math
+        m = DEVICE_MATH
         if cutlass.const_expr(s.kind == "store" or s.kind == "accumulate"):
             for v in cutlass.range_constexpr(S):
                 rD[v] = rAcc[v]

@@ -59,7 +59,6 @@ from cutlass.cute.runtime import make_fake_tensor
 
 from . import mainloop, tile_scheduler
 from .config import TILE_K, GemmConfig
-from .device_math import device_math
 from .epilogue import Epilogue
 from .epilogue_pipeline import OUT_STAGES, STORE_WINDOW, EpiloguePipelineSm90, subtile_order
 from .epilogue_spec import EpilogueSpec
@@ -93,7 +92,7 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
     def __init__(self, config: GemmConfig, epilogue: EpilogueSpec):
         self.cfg = config
         self.epi = epilogue
-        self.epilogue = Epilogue(epilogue, device_math(config.sigmoid_by_tanh))  # its device side
+        self.epilogue = Epilogue(epilogue)  # its device side
         self.tile_shape_mnk = (config.tile_m, config.tile_n, TILE_K)
         self.cluster_shape_mn = (config.cluster_m, config.cluster_n)
         self.pingpong = config.consumers == "pingpong"

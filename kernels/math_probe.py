@@ -16,14 +16,13 @@ from .device_math import DEVICE_MATH
 
 
 class _Probe:
-    def __init__(self, name, math):
+    def __init__(self, name):
         self.act = ACTIVATIONS[name]
-        self.math = math
 
     @cute.kernel
     def kernel(self, x: cute.Tensor, y: cute.Tensor, out: cute.Tensor):
         i, _, _ = cute.arch.thread_idx()
-        m = self.math
+        m = DEVICE_MATH
         a = Float32(x[i])
         if cutlass.const_expr(self.act.gated):
             b = Float32(y[i])
@@ -41,7 +40,7 @@ class _Probe:
         self.kernel(x, y, out).launch(grid=[1, 1, 1], block=[cute.size(x), 1, 1])
 
 
-def compile_probe(name: str, n: int = 128, math=DEVICE_MATH):
+def compile_probe(name: str, n: int = 128):
     from cutlass.cute.runtime import make_fake_compact_tensor
 
     x = make_fake_compact_tensor(Float32, (n,))
@@ -50,14 +49,13 @@ def compile_probe(name: str, n: int = 128, math=DEVICE_MATH):
     from .compile import dsl_safe_argv
 
     with tempfile.TemporaryDirectory() as d, dsl_safe_argv():
-        fn = cute.compile(_Probe(name, math), x, y, out, options=f"--gpu-arch sm_90a --keep-ptx --dump-dir={d}")
+        fn = cute.compile(_Probe(name), x, y, out, options=f"--gpu-arch sm_90a --keep-ptx --dump-dir={d}")
     ptx = fn.artifacts.PTX
     return ptx.decode() if isinstance(ptx, bytes) else ptx
 
 
-def run_probe(name: str, x, y, math=DEVICE_MATH):
-    """On a GPU: (f, df/dx or df/dg, 0 or df/du) for x (and y) as a [n, 3] fp32 tensor, the
-    formulas run with ``math`` (the epilogues' DEVICE_MATH unless another is given)."""
+def run_probe(name: str, x, y):
+    """On a GPU: (f, df/dx or df/dg, 0 or df/du) for x (and y) as a [n, 3] fp32 tensor."""
     import torch
     from cutlass.cute.runtime import from_dlpack
 
@@ -66,6 +64,6 @@ def run_probe(name: str, x, y, math=DEVICE_MATH):
     from .compile import dsl_safe_argv
 
     with dsl_safe_argv():
-        fn = cute.compile(_Probe(name, math), from_dlpack(x), from_dlpack(y), from_dlpack(out), options="--gpu-arch sm_90a")
+        fn = cute.compile(_Probe(name), from_dlpack(x), from_dlpack(y), from_dlpack(out), options="--gpu-arch sm_90a")
     fn(from_dlpack(x), from_dlpack(y), from_dlpack(out))
     return out

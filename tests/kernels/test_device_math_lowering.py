@@ -53,28 +53,3 @@ def test_exact_gelu_keeps_the_accurate_erf(kind):
     per_value = 1 if kind == "act" else 2
     assert ops == {"tanh.approx.f32": 0, "ex2.approx": per_value * VALUES_PER_THREAD, "rcp.approx": 0,
                    "div.f32": 0}
-
-
-@pytest.mark.parametrize("kind", ["act", "dact"])
-def test_sigmoid_by_tanh_takes_one_tanh_per_pair(kind):
-    # GemmConfig.sigmoid_by_tanh: 0.5 + 0.5 tanh(x / 2), one special-function op per sigmoid
-    from parallel_mlp.kernels.compile import KernelKey, kernel_ptx
-    from parallel_mlp.kernels.config import GemmConfig
-    from parallel_mlp.kernels.epilogue_spec import EpilogueSpec
-
-    pairs = VALUES_PER_THREAD // 2 if kind == "act" else VALUES_PER_THREAD
-    b_major = "row" if kind == "act" else "col"
-    key = KernelKey(EpilogueSpec(kind, "swiglu"), GemmConfig(128, 128, 1, 1, 8, sigmoid_by_tanh=True),
-                    "bfloat16", "row", b_major, "bfloat16")
-    ptx = kernel_ptx(key)
-    ops = {name: len(re.findall(pattern, ptx)) for name, pattern in OPS.items()}
-    assert ops == {"tanh.approx.f32": pairs, "ex2.approx": 0, "rcp.approx": 0, "div.f32": 0}
-
-
-def test_sigmoid_by_tanh_is_off_by_default_and_named_when_on():
-    from parallel_mlp.kernels.config import GemmConfig
-
-    assert not GemmConfig().sigmoid_by_tanh
-    assert GemmConfig(128, 128, sigmoid_by_tanh=True).key == "t128x128_c1x1_g8_sm132_sigt"
-    with pytest.raises(ValueError, match="sigmoid_by_tanh"):
-        GemmConfig(sigmoid_by_tanh="yes")
