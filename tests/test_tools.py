@@ -209,6 +209,21 @@ def test_small_step_variants_spell_the_same_mlp(monkeypatch, capsys):
     assert capsys.readouterr().out.count("every spelling's gradients match eager's") == 2
 
 
+def test_small_step_vs_eager_checks_its_premise():
+    """tools/small_step_vs_eager.py --check-only (CPU): at the sweep's T=512 d=1024 gelu h=512 the
+    rule takes the small step on CUDA and the small step, the layer and eager's module give the
+    same values; a gated activation and a shape `auto` runs fused are refused, before any
+    timing."""
+    script = [sys.executable, str(TOOLS / "small_step_vs_eager.py"), "--check-only"]
+    ok = subprocess.run(script, capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert "auto takes the small step on CUDA" in ok.stdout
+    for extra, message in ((["--act", "swiglu"], "compares non-gated activations only"),
+                           (["--T", "65536", "--d", "4096", "--h", "16384"], "fused on CUDA")):
+        r = subprocess.run(script + extra, capture_output=True, text=True, timeout=120)
+        assert r.returncode != 0 and message in r.stderr
+
+
 def _host_bound_paths():
     import importlib.util
 

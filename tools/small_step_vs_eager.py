@@ -13,6 +13,7 @@ walking the module tree, which costs the layer's nested shards more host time th
 module.
 
     python3 tools/small_step_vs_eager.py [--T 512 --d 1024 --h 512 --act gelu_tanh_approx]
+    python3 tools/small_step_vs_eager.py --check-only   # CPU: the premise and values, no timing
 """
 
 from __future__ import annotations
@@ -32,7 +33,13 @@ def main() -> None:
     parser.add_argument("--act", default="gelu_tanh_approx")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--hold-s", type=float, default=0.3)
+    parser.add_argument("--check-only", action="store_true",
+                        help="check on the CPU that the layer takes the small step at this shape "
+                        "on CUDA and computes eager's output and gradients; time nothing")
     args = parser.parse_args()
+    require_small_step(args)
+    if args.check_only:
+        return check(args)
     if not torch.cuda.is_available():
         raise SystemExit("small_step_vs_eager: needs a CUDA device")
 
@@ -42,8 +49,6 @@ def main() -> None:
     torch.manual_seed(0)
     dev, dt = "cuda", torch.bfloat16
     ours = ParallelMLP(args.d, args.h, activation=args.act, device=dev, dtype=dt)
-    if ours.activation.gated:
-        raise SystemExit("small_step_vs_eager: a non-gated activation (eager's layout is the same)")
     w1, w2 = ours.fc1.weight.detach(), ours.fc2.weight.detach()
     models = {"ours": ours, "eager": EagerMLP(w1.clone(), w2.clone(), args.act),
               "eager copy": EagerMLP(w1.clone(), w2.clone(), args.act)}
@@ -115,7 +120,56 @@ def main() -> None:
         print(f"\n{name}: GPU kernel time per step {total:.1f} µs, {launches:.0f} kernels")
         for ev in sorted(kernels, key=lambda ev: -ev.self_device_time_total):
             print(f"  {ev.self_device_time_total / steps:7.1f} µs  x{ev.count / steps:.0f}  {ev.key[:100]}")
+    return 0
+
+
+def require_small_step(args) -> None:
+    """Refuse a shape this script does not compare: a gated activation (eager's module chunks
+    its fc1 where the layer interleaves it), or sizes at which `auto` runs the fused kernels on
+    CUDA (one rank, no biases, default options) instead of the small step."""
+    from parallel_mlp import get_activation, small_step
+    from parallel_mlp.autograd import replays_launches
+
+    if get_activation(args.act).gated:
+        raise SystemExit(f"small_step_vs_eager: --act {args.act}: compares non-gated activations "
+                         "only, whose fc1 has eager's layout")
+    takes = small_step.applies(
+        args.T, args.d, args.h, args.h, args.d, device_type="cuda", backend="auto", tp_size=1,
+        recompute=False, fuse_grad_accum=False, compiling=False, gate_ops=False,
+        launch_graphs=replays_launches(None, None))
+    if not takes:
+        raise SystemExit(f"small_step_vs_eager: auto runs T={args.T} d={args.d} h={args.h} "
+                         f"{args.act} fused on CUDA, not as the small step this script compares")
+
+
+def check(args) -> int:
+    """On the CPU in fp32: the small step as the layer runs it on CUDA, the layer itself (here
+    the fused function on the torch backend) and eager's module, holding the same weights, give
+    the same output and gradients."""
+    from parallel_mlp import ParallelMLP, small_step
+    from parallel_mlp.bench.models import EagerMLP
+
+    torch.manual_seed(0)
+    ours = ParallelMLP(args.d, args.h, activation=args.act)
+    w1, w2 = ours.fc1.weight, ours.fc2.weight
+    eager = EagerMLP(w1.detach().clone(), w2.detach().clone(), args.act)
+    steps = [(lambda xi: small_step.small_step(xi, w1, None, w2, None, ours.activation), ours),
+             (ours, ours), (eager, eager)]
+    x = torch.randn(args.T, args.d)
+    dy = torch.randn(args.T, args.d)
+    results = []
+    for run, model in steps:
+        model.zero_grad(set_to_none=True)
+        xi = x.clone().requires_grad_()
+        run(xi).backward(dy)
+        results.append([run(xi), xi.grad] + [p.grad for p in model.parameters()])
+    for other in results[1:]:
+        for name, a, b in zip(("y", "dx", "dW1", "dW2"), results[0], other):
+            torch.testing.assert_close(a, b, msg=lambda m, name=name: f"{name}: {m}")
+    print(f"T={args.T} d={args.d} {args.act} h={args.h}: auto takes the small step on CUDA; "
+          "the layer gives eager's output and gradients")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
