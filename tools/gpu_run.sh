@@ -135,6 +135,10 @@
 #                    H200 and H100 sweeps have read below quack or eager (T=4096 d=5120 swiglu
 #                    h=3456, T=16384 d=8192 swiglu h=11008, T=16384 d=5120 gelu h=2560), six
 #                    turns each, with quack, without torch.compile (~4 min)
+#     sweep_heat     the sweep's first two shapes (the headline, T=8192 d=4096 swiglu h=11008) six
+#                    turns each after 10 s of untimed calls instead of 1.5 (--heat-s 10): whether
+#                    a longer heat makes their first rounds agree with the rest, which on an H100
+#                    ran ours 4-5% faster and the GEMM bound 2-4% slower than after (~2.5 min)
 #     sweep_small    the sweep's shapes of T <= 4096, ours on the fused kernels (--backend cute)
 #                    with the torch backend timed beside them (~4 min)
 #     sweep_graphed  the sweep's shapes of T <= 4096, ours on the fused kernels, with eager and ours
@@ -256,6 +260,7 @@ declare -A CMD=(
   [sweep_plain_launches]="timeout 585 $BENCH sweep --no-launch-graphs --budget-s 540 --json $OUT/sweep-plain-launches.json --png $OUT/sweep-plain-launches.png"
   [sweep_below_eager]="timeout 400 $BENCH sweep --shape 512,1024,gelu_tanh_approx --shape 4096,1024,gelu_tanh_approx --shape 8192,4096,gelu_tanh_approx,2048 --shape 512,1024,swiglu --rounds 8 --no-quack --skip-compile --no-eager-recompute --json $OUT/sweep-below-eager.json"
   [sweep_below_target]="timeout 330 $BENCH sweep --ceiling --shape 8192,4096,swiglu,14336 --shape 4096,5120,swiglu,3456 --shape 16384,8192,swiglu,11008 --shape 16384,5120,gelu_tanh_approx,2560 --rounds 6 --skip-compile --no-eager-recompute --json $OUT/sweep-below-target.json"
+  [sweep_heat]="timeout 330 $BENCH sweep --ceiling --shape 8192,4096,swiglu,14336 --shape 8192,4096,swiglu,11008 --rounds 6 --heat-s 10 --skip-compile --no-eager-recompute --json $OUT/sweep-heat.json"
   [sweep_small]="timeout 400 $BENCH sweep --backend cute --torch-backend --tokens 512,1000,2048,4096 --json $OUT/sweep-small.json"
   [sweep_graphed]="timeout 420 $BENCH sweep --backend cute --graphed --no-quack --skip-compile --tokens 512,1000,2048,4096 --json $OUT/sweep-graphed.json"
   [tp]="timeout 120 python3 -m pytest -q -m gpu tests/test_layer_gpu.py -k nccl; timeout 420 python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m parallel_mlp.bench tp --configs swiglu:28672,swiglu:14336,gelu_tanh_approx:32768 --json $OUT/tp.json; python3 -m parallel_mlp.bench tp-model --tp-json $OUT/tp.json"
@@ -291,7 +296,7 @@ declare -A CMD=(
   [configs_sk160]="timeout 120 python3 -m parallel_mlp.kernels.warmup --shapes 8192:4096:1376:swiglu,16384:4096:1376:swiglu,8192:5120:1728:swiglu,16384:5120:1728:swiglu,8192:3584:2368:swiglu,16384:3584:2368:swiglu,8192:3584:4736:swiglu --also consumers=cooperative,tile_n=160,stream_k=1 -j 16; for s in '8192 4096 1376' '16384 4096 1376' '8192 5120 1728' '16384 5120 1728' '8192 3584 2368' '16384 3584 2368' '8192 3584 4736'; do set -- \$s; timeout 50 $BENCH configs --hold-s 0.4 --rounds 6 --only dW2 --also consumers=cooperative,tile_n=160,stream_k=1 --T \$1 --d \$2 --h \$3 --act swiglu; done"
   [ncu_dact]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 6 --launch-count 6 --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section Occupancy --section ComputeWorkloadAnalysis --section InstructionStats $BENCH ncu-cases --short-k-dact"
 )
-ORDER=(tests_kernels tests_layer tests_defaults tests_all streamk streamk_fill configs_small configs_wave configs_mid configs_long_k configs_dact configs_swap configs_ring configs_raster configs_narrow_gelu configs_narrow_ring configs_narrow_n configs_sk_pingpong tests_overlap configs_overlap overlap_ab configs_sk160 tests_pdl pdl short_k_probe plain_gemms plain_gemms_host gemm mlp sweep sweep_ceiling sweep_plain_launches sweep_below_eager sweep_below_target sweep_small sweep_graphed tp tp_sp profile profile_narrow launch_graphs launch_keys held_turns kernels_vs_quack kernels_vs_quack_below graph_memory memory_trace small_step_variants small_step_vs_eager host_paths timing_spread host_step host_stages host_env host_phases cold clock full ncu ncu_dact ncu_dact_pingpong ncu_smem ncu_vs_quack ncu_epilogue_gap)
+ORDER=(tests_kernels tests_layer tests_defaults tests_all streamk streamk_fill configs_small configs_wave configs_mid configs_long_k configs_dact configs_swap configs_ring configs_raster configs_narrow_gelu configs_narrow_ring configs_narrow_n configs_sk_pingpong tests_overlap configs_overlap overlap_ab configs_sk160 tests_pdl pdl short_k_probe plain_gemms plain_gemms_host gemm mlp sweep sweep_ceiling sweep_plain_launches sweep_below_eager sweep_below_target sweep_heat sweep_small sweep_graphed tp tp_sp profile profile_narrow launch_graphs launch_keys held_turns kernels_vs_quack kernels_vs_quack_below graph_memory memory_trace small_step_variants small_step_vs_eager host_paths timing_spread host_step host_stages host_env host_phases cold clock full ncu ncu_dact ncu_dact_pingpong ncu_smem ncu_vs_quack ncu_epilogue_gap)
 
 steps=("$@")
 if [ ${#steps[@]} -eq 0 ]; then
