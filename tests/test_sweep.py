@@ -397,6 +397,32 @@ def test_the_summary_calls_a_shape_slower_only_beyond_the_rounds_interval():
     assert "s2 (" not in text
 
 
+def test_the_summary_names_shapes_whose_few_rounds_disagree():
+    """Two rounds each: s0's ours / bound moves 10% between them (named, with both rounds'
+    ratios), s1's 1% (not named); s2 ran eight rounds, which intervals() judges instead; eager's
+    second copy is listed the same way, the spread to read ours' beside."""
+    def holds(ratios):
+        return {"ms": 1.0, "holds_ms": [1.0 / r for r in ratios]}
+
+    two, eight = {"ms": 1.0, "holds_ms": [1.0, 1.0]}, {"ms": 1.0, "holds_ms": [1.0] * 8}
+    rows = [{"label": "s0", "variants": {"eager": two, "ours": holds([1.0, 1.0]),
+                                         "gemm_ceiling": {"ms": 1.0, "holds_ms": [1.05, 0.95]},
+                                         "eager_copy": holds([0.96, 1.0])}},
+            {"label": "s1", "variants": {"eager": two, "ours": holds([1.0, 1.01]),
+                                         "gemm_ceiling": two, "eager_copy": holds([1.0, 1.0])}},
+            {"label": "s2", "variants": {"eager": eight, "ours": holds([0.8, 1.2] * 4),
+                                         "eager_copy": holds([0.8, 1.2] * 4)}}]
+    lines = sweep_report.rounds_apart(rows)
+    assert lines == [
+        "  eager's second copy vs eager, rounds more than 3% apart (round by round) at 1 shapes:",
+        "    s0 (0.960x, 1.000x)",
+        "  ours vs the GEMM bound, rounds more than 3% apart (round by round) at 1 shapes:",
+        "    s0 (1.050x, 0.950x)"]
+    rows[1]["variants"]["ours"] = holds([1.0, 1.05])
+    assert "    s1 (1.000x, 1.050x)" in sweep_report.rounds_apart(rows)
+    assert "s1 (1.000x, 1.050x)" in sweep_report.format_sweep({"meta": {}, "rows": rows})
+
+
 def test_host_probe_needs_cuda():
     from parallel_mlp.bench.harness import Ctx
 

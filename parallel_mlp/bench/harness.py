@@ -300,13 +300,13 @@ def ratio(base: dict | None, other: dict | None) -> float | None:
         return None
     if "ms" not in base or "ms" not in other:
         return None
-    ratios = _paired_ratios(base, other)
+    ratios = round_ratios(base, other)
     if len(ratios) >= 2:
         return statistics.median(ratios)
     return base["ms"] / other["ms"]
 
 
-def _paired_ratios(base, other) -> list[float]:
+def round_ratios(base, other) -> list[float]:
     """base's hold / other's, round by round, where both hold the same number of rounds."""
     if not (isinstance(base, dict) and isinstance(other, dict)):
         return []
@@ -327,7 +327,7 @@ def ratio_interval(base: dict | None, other: dict | None,
     is binomial). It assumes rounds independent of each other, which a host that drifts over
     seconds only approximates; eager against a second copy of itself in the same run shows how
     often an interval misses 1.0 without a cause."""
-    ratios = sorted(_paired_ratios(base, other))
+    ratios = sorted(round_ratios(base, other))
     n = len(ratios)
     k, below = 0, 0.0  # below: P(fewer than k+1 of the n rounds fall below the median)
     while k < n // 2:
