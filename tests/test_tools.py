@@ -25,7 +25,7 @@ def test_lists_every_step_with_its_command():
     assert r.returncode == 0
     steps = [line.split()[0] for line in r.stdout.splitlines()]
     assert steps == ["tests_kernels", "tests_layer", "tests_defaults", "tests_all", "streamk", "streamk_fill", "configs_small", "configs_wave", "configs_mid", "configs_long_k", "configs_dact", "configs_swap", "configs_ring", "configs_raster", "configs_narrow_gelu", "configs_narrow_ring", "configs_narrow_n", "configs_sk_pingpong", "tests_overlap", "configs_overlap", "overlap_ab", "configs_sk160", "tests_pdl", "pdl", "short_k_probe", "plain_gemms", "plain_gemms_host", "gemm", "mlp", "sweep", "sweep_ceiling", "sweep_plain_launches", "sweep_below_eager", "sweep_below_target", "sweep_heat", "sweep_small", "sweep_graphed",
-                     "tp", "tp_sp", "profile", "profile_narrow", "launch_graphs", "launch_keys", "held_turns", "kernels_vs_quack", "kernels_vs_quack_below", "graph_memory", "memory_trace", "small_step_variants", "small_step_vs_eager", "host_paths", "timing_spread", "host_step",
+                     "tp", "tp_sp", "profile", "profile_narrow", "launch_graphs", "launch_keys", "held_turns", "kernels_vs_quack", "kernels_vs_quack_below", "graph_memory", "memory_trace", "small_step_variants", "small_step_kernels", "host_paths", "timing_spread", "host_step",
                      "host_stages", "host_env", "host_phases", "cold", "clock", "full", "ncu", "ncu_dact", "ncu_dact_pingpong", "ncu_smem", "ncu_vs_quack", "ncu_epilogue_gap"]
     # every step the script defines is listed (a step missing from the list still ran, unseen)
     defined = re.findall(r"^  \[(\w+)\]=", SCRIPT.read_text(), flags=re.M)
@@ -209,21 +209,6 @@ def test_small_step_variants_spell_the_same_mlp(monkeypatch, capsys):
     assert capsys.readouterr().out.count("every spelling's gradients match eager's") == 2
 
 
-def test_small_step_vs_eager_checks_its_premise():
-    """tools/small_step_vs_eager.py --check-only (CPU): at the sweep's T=512 d=1024 gelu h=512 the
-    rule takes the small step on CUDA and the small step, the layer and eager's module give the
-    same values; a gated activation and a shape `auto` runs fused are refused, before any
-    timing."""
-    script = [sys.executable, str(TOOLS / "small_step_vs_eager.py"), "--check-only"]
-    ok = subprocess.run(script, capture_output=True, text=True, timeout=120)
-    assert ok.returncode == 0, ok.stderr
-    assert "auto takes the small step on CUDA" in ok.stdout
-    for extra, message in ((["--act", "swiglu"], "compares non-gated activations only"),
-                           (["--T", "65536", "--d", "4096", "--h", "16384"], "fused on CUDA")):
-        r = subprocess.run(script + extra, capture_output=True, text=True, timeout=120)
-        assert r.returncode != 0 and message in r.stderr
-
-
 def _host_bound_paths():
     import importlib.util
 
@@ -262,6 +247,16 @@ def test_host_bound_paths_refuses_a_small_step_that_was_not_forced(monkeypatch):
         tool.main(["--check-only", "--shape", "8,16,32,swiglu"])
 
 
+def test_host_bound_paths_sums_each_variants_kernels_per_step():
+    """--kernels' summary: GPU µs and kernels per step over the profiled steps, the longest
+    kernels first."""
+    tool = _host_bound_paths()
+    lines = tool.kernel_summary([("gelu", 30.0, 20), ("gemm", 150.0, 40)], steps=20)
+    assert lines == ["GPU kernel time per step 9.0 µs, 3 kernels",
+                     "      7.5 µs  x2  gemm",
+                     "      1.5 µs  x1  gelu"]
+
+
 def test_host_bound_paths_refuses_bad_shapes_and_timing_without_a_gpu():
     r = subprocess.run([sys.executable, str(TOOLS / "host_bound_paths.py"), "--shape", "8,16,swiglu"],
                        capture_output=True, text=True, timeout=120)
@@ -270,6 +265,9 @@ def test_host_bound_paths_refuses_bad_shapes_and_timing_without_a_gpu():
         r = subprocess.run([sys.executable, str(TOOLS / "host_bound_paths.py"), *TINY_SHAPES],
                            capture_output=True, text=True, timeout=120)
         assert r.returncode != 0 and "--check-only runs without one" in r.stderr
+    r = subprocess.run([sys.executable, str(TOOLS / "host_bound_paths.py"), "--check-only",
+                        "--kernels", *TINY_SHAPES], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--kernels lists the kernels of timed steps" in r.stderr
 
 
 def test_small_step_variants_refuses_bad_shapes():

@@ -178,9 +178,10 @@
 #     small_step_variants  tools/small_step_variants.py: ways to spell the gated small step in
 #                    autograd ops, held and graphed beside eager, at the sweep's gated small steps
 #                    (~1 min)
-#     small_step_vs_eager  tools/small_step_vs_eager.py: the non-gated small step (T=512 d=1024
-#                    gelu h=512, eager's own ops behind the layer) beside eager's module, held,
-#                    host time of a burst, and each one's kernels under torch.profiler (~20 s)
+#     small_step_kernels  tools/host_bound_paths.py --kernels at the non-gated small step T=512
+#                    d=1024 gelu h=512 (eager's own ops behind the layer): eager, the small step
+#                    and the fused paths in paired turns, then each one's kernels under
+#                    torch.profiler (~1 min)
 #     host_paths     tools/host_bound_paths.py: at the sweep's gated host-bound steps, ours fused
 #                    through the C++ apply, the same through torch's Function.apply, the small step
 #                    forced, and eager, in 80 paired turns of 0.05 s (~1.5 min)
@@ -275,7 +276,7 @@ declare -A CMD=(
   [launch_keys]="timeout 120 python3 -m parallel_mlp.kernels.warmup --shapes 512:1024:512:gelu_tanh_approx,512:1024:2816:swiglu,4096:1024:4096:gelu_tanh_approx,8192:1024:2816:swiglu -j 16; timeout 200 python3 tools/launch_key_churn.py --profile-captures; timeout 120 python3 tools/fused_step_probe.py"
   [memory_trace]="timeout 120 python3 tools/step_memory_trace.py; timeout 120 python3 tools/step_memory_trace.py --recompute; timeout 120 python3 tools/step_memory_trace.py --shape 512,8192,2752,swiglu"
   [small_step_variants]="timeout 260 python3 tools/small_step_variants.py"
-  [small_step_vs_eager]="timeout 120 python3 tools/small_step_vs_eager.py"
+  [small_step_kernels]="timeout 200 python3 tools/host_bound_paths.py --shape 512,1024,512,gelu_tanh_approx --rounds 40 --kernels"
   [host_paths]="timeout 300 python3 tools/host_bound_paths.py"
   [timing_spread]="timeout 240 python3 tools/timing_spread.py"
   [host_step]="for s in 512,1024,2816,swiglu 512,1024,512,gelu_tanh_approx 4096,1024,4096,gelu_tanh_approx 512,8192,2752,swiglu; do timeout 150 $BENCH host --step --calls 200 --shape \$s; done"
@@ -296,7 +297,7 @@ declare -A CMD=(
   [configs_sk160]="timeout 120 python3 -m parallel_mlp.kernels.warmup --shapes 8192:4096:1376:swiglu,16384:4096:1376:swiglu,8192:5120:1728:swiglu,16384:5120:1728:swiglu,8192:3584:2368:swiglu,16384:3584:2368:swiglu,8192:3584:4736:swiglu --also consumers=cooperative,tile_n=160,stream_k=1 -j 16; for s in '8192 4096 1376' '16384 4096 1376' '8192 5120 1728' '16384 5120 1728' '8192 3584 2368' '16384 3584 2368' '8192 3584 4736'; do set -- \$s; timeout 50 $BENCH configs --hold-s 0.4 --rounds 6 --only dW2 --also consumers=cooperative,tile_n=160,stream_k=1 --T \$1 --d \$2 --h \$3 --act swiglu; done"
   [ncu_dact]="timeout 240 ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 6 --launch-count 6 --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section Occupancy --section ComputeWorkloadAnalysis --section InstructionStats $BENCH ncu-cases --short-k-dact"
 )
-ORDER=(tests_kernels tests_layer tests_defaults tests_all streamk streamk_fill configs_small configs_wave configs_mid configs_long_k configs_dact configs_swap configs_ring configs_raster configs_narrow_gelu configs_narrow_ring configs_narrow_n configs_sk_pingpong tests_overlap configs_overlap overlap_ab configs_sk160 tests_pdl pdl short_k_probe plain_gemms plain_gemms_host gemm mlp sweep sweep_ceiling sweep_plain_launches sweep_below_eager sweep_below_target sweep_heat sweep_small sweep_graphed tp tp_sp profile profile_narrow launch_graphs launch_keys held_turns kernels_vs_quack kernels_vs_quack_below graph_memory memory_trace small_step_variants small_step_vs_eager host_paths timing_spread host_step host_stages host_env host_phases cold clock full ncu ncu_dact ncu_dact_pingpong ncu_smem ncu_vs_quack ncu_epilogue_gap)
+ORDER=(tests_kernels tests_layer tests_defaults tests_all streamk streamk_fill configs_small configs_wave configs_mid configs_long_k configs_dact configs_swap configs_ring configs_raster configs_narrow_gelu configs_narrow_ring configs_narrow_n configs_sk_pingpong tests_overlap configs_overlap overlap_ab configs_sk160 tests_pdl pdl short_k_probe plain_gemms plain_gemms_host gemm mlp sweep sweep_ceiling sweep_plain_launches sweep_below_eager sweep_below_target sweep_heat sweep_small sweep_graphed tp tp_sp profile profile_narrow launch_graphs launch_keys held_turns kernels_vs_quack kernels_vs_quack_below graph_memory memory_trace small_step_variants small_step_kernels host_paths timing_spread host_step host_stages host_env host_phases cold clock full ncu ncu_dact ncu_dact_pingpong ncu_smem ncu_vs_quack ncu_epilogue_gap)
 
 steps=("$@")
 if [ ${#steps[@]} -eq 0 ]; then

@@ -2,6 +2,7 @@
 beside eager (a GPU is needed to time; ``--check-only`` runs anywhere).
 
     python3 tools/host_bound_paths.py [--rounds 80] [--turn-s 0.05] [--shape T,d,h,act ...]
+    python3 tools/host_bound_paths.py --shape 512,1024,512,gelu_tanh_approx --kernels
 
 Four variants of one step, with the same weights:
 
@@ -23,7 +24,9 @@ an order reversed every round (``bench.timing.turn_order``) after ``--heat-s`` o
 seconds (`docs/speed.md`, "How it times"). Prints ms per step and the paired ratios (the median over
 rounds of one turn's time over the other's, with its 95% interval,
 ``bench.harness.ratio_interval``). Every variant's output and gradients are checked against
-eager's first.
+eager's first. ``--kernels`` then lists each variant's kernels under torch.profiler (GPU time
+per step, kernels per step, each kernel's share): whether a gap between two variants is GPU
+work or host time.
 """
 
 from __future__ import annotations
@@ -138,6 +141,34 @@ def time_turns(fns, rounds: int, turn_s: float, heat_s: float) -> dict[str, dict
     return {name: {"ms": statistics.median(v), "holds_ms": v} for name, v in holds.items()}
 
 
+def kernel_summary(kernels, steps: int, top: int = 12) -> list[str]:
+    """Lines for one variant's kernels, given (name, device µs over all steps, launches) per
+    kernel name: the GPU time and the kernels per step, then the longest kernels' µs and
+    launches per step."""
+    kernels = sorted(kernels, key=lambda k: -k[1])
+    total = sum(us for _, us, _ in kernels) / steps
+    launches = sum(n for _, _, n in kernels) / steps
+    lines = [f"GPU kernel time per step {total:.1f} µs, {launches:.0f} kernels"]
+    lines += [f"  {us / steps:7.1f} µs  x{n / steps:.0f}  {name[:100]}" for name, us, n in kernels[:top]]
+    return lines
+
+
+def profile_kernels(fn, steps: int = 20) -> list[str]:
+    """``steps`` calls of ``fn`` under torch.profiler (CUDA activity), summarized by
+    :func:`kernel_summary`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    autograd._DIRECT = _DIRECT_AVAILABLE
+    kernels = [(ev.key, ev.self_device_time_total, ev.count) for ev in prof.key_averages()
+               if ev.device_type == torch.autograd.DeviceType.CUDA]
+    return kernel_summary(kernels, steps)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=80)
@@ -148,11 +179,15 @@ def main(argv=None) -> int:
     p.add_argument("--check-only", action="store_true",
                    help="build the variants and check them against eager, time nothing (on the "
                         "CPU in fp32 where there is no GPU)")
+    p.add_argument("--kernels", action="store_true",
+                   help="after a shape's turns, list each variant's kernels under torch.profiler")
     args = p.parse_args(argv)
     shapes = args.shape or SHAPES
     cuda = torch.cuda.is_available()
     if not cuda and not args.check_only:
         raise SystemExit("host_bound_paths.py times on a CUDA GPU; --check-only runs without one")
+    if args.kernels and args.check_only:
+        p.error("--kernels lists the kernels of timed steps: not with --check-only")
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
     if not args.check_only:
@@ -175,6 +210,9 @@ def main(argv=None) -> int:
             span = f" ({lo_hi[0]:.3f}-{lo_hi[1]:.3f})" if lo_hi else ""
             pairs.append(f"{a}/{b} {ratio(res[a], res[b]):.3f}{span}")
         print(f"{label}: ms {ms}; " + "; ".join(pairs), flush=True)
+        if args.kernels:
+            for name, fn in fns.items():
+                print(f"  {name}: " + "\n    ".join(profile_kernels(fn)), flush=True)
     return 0
 
 
