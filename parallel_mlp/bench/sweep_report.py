@@ -198,7 +198,7 @@ def rounds_apart(rows: list[dict]) -> list[str]:
         for r in rows:
             v = r["variants"]
             if ratio_interval(v.get(baseline), v.get(variant)) is not None:
-                continue  # intervals() judges it
+                continue  # enough rounds for an interval: the median stands
             rounds = round_ratios(v.get(baseline), v.get(variant))
             if len(rounds) >= 2 and max(rounds) > min(rounds) * (1 + ROUNDS_APART):
                 apart.append(f"{r['label']} ({', '.join(f'{x:.3f}x' for x in rounds)})")
