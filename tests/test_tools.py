@@ -247,6 +247,17 @@ def test_host_bound_paths_refuses_a_small_step_that_was_not_forced(monkeypatch):
         tool.main(["--check-only", "--shape", "8,16,32,swiglu"])
 
 
+def test_host_bound_paths_forces_the_fused_path_where_auto_would_not(monkeypatch, capsys):
+    """Where ``auto`` takes the small step (the non-gated small steps on a GPU; here a rule that
+    always says yes), the fused variant still runs the fused function."""
+    from parallel_mlp import small_step
+
+    monkeypatch.setattr(small_step, "applies", lambda *args, **kwargs: True)
+    tool = _host_bound_paths()
+    assert tool.main(["--check-only", "--shape", "64,32,48,gelu_tanh_approx"]) == 0
+    assert "every variant agrees with eager" in capsys.readouterr().out
+
+
 def test_host_bound_paths_sums_each_variants_kernels_per_step():
     """--kernels' summary: GPU µs and kernels per step over the profiled steps, the longest
     kernels first."""

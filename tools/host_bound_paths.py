@@ -7,8 +7,10 @@ beside eager (a GPU is needed to time; ``--check-only`` runs anywhere).
 Four variants of one step, with the same weights:
 
 - ``eager``: ``bench.models.EagerMLP``, the MLP a PyTorch user writes;
-- ``fused``: ``ParallelMLP`` as ``backend="auto"`` builds it, the fused function applied through
-  autograd's C++ apply (``autograd.apply_function``);
+- ``fused``: ``ParallelMLP`` on ``backend="auto"`` with its kept small-step row limit forced to 0
+  rows (the fused path at every step, which ``auto`` takes at the gated steps and not at the
+  non-gated small ones), the fused function applied through autograd's C++ apply
+  (``autograd.apply_function``);
 - ``torch_apply``: the same module with that direct apply switched off between turns
   (``autograd._DIRECT``), so that torch's ``Function.apply``, Python around the same C++ apply,
   runs instead;
@@ -63,14 +65,26 @@ def _shape(text: str) -> tuple[int, int, int, str]:
     return int(parts[0]), int(parts[1]), int(parts[2]), parts[3]
 
 
-def forced_small_step(model):
-    """``model`` with its small-step row limit worked out as 2**48 rows (every step it sees then
-    takes the small step); the limit is kept while its weights and options stay."""
-    with mock.patch.object(small_step, "row_limit", lambda *args, **kwargs: 2 ** 48):
+def _forced_row_limit(model, limit: int, probe_rows: int):
+    """``model`` with its small-step row limit worked out as ``limit`` (steps of fewer rows take
+    the small step), by one forward of ``probe_rows`` rows; the limit is kept while its weights
+    and options stay."""
+    with mock.patch.object(small_step, "row_limit", lambda *args, **kwargs: limit):
         with torch.no_grad():
-            model(torch.zeros(1, model.in_features, device=model.fc1.weight.device,
+            model(torch.zeros(probe_rows, model.in_features, device=model.fc1.weight.device,
                               dtype=model.fc1.weight.dtype))
     return model
+
+
+def forced_small_step(model):
+    """``model`` taking the small step at every step it sees."""
+    return _forced_row_limit(model, 2 ** 48, 1)
+
+
+def forced_fused(model, rows: int):
+    """``model`` taking the fused path at every step it sees; its probe forward has the timed
+    steps' ``rows``, so that it launches no kernel those steps would not."""
+    return _forced_row_limit(model, 0, rows)
 
 
 def variants(T: int, d: int, h: int, act: str, device, dtype):
@@ -82,7 +96,7 @@ def variants(T: int, d: int, h: int, act: str, device, dtype):
     x = torch.randn(T, d, device=device, generator=g).to(dtype).requires_grad_()
     dy = torch.randn(T, d, device=device, generator=g).to(dtype)
     eager = EagerMLP(chunked_w1(w1, gated), w2.clone(), act)
-    fused = build_parallel_mlp(w1, w2, act, h)
+    fused = forced_fused(build_parallel_mlp(w1, w2, act, h), T)
     small = forced_small_step(build_parallel_mlp(w1, w2, act, h))
 
     def step(model, direct=True):
