@@ -690,6 +690,7 @@ def test_dry_run_end_to_end(tmp_path):
     data = json.loads(out.read_text())
     assert data["meta"]["mode"] == "sweep" and data["meta"]["dry_run"] is True
     assert data["meta"]["heat_s"] == sweep.HEAT_S
+    assert data["meta"]["first_heat_s"] == sweep.FIRST_HEAT_S
     # the launch groups over the run: on the CPU (the torch backend) none
     assert data["meta"]["launch_groups"] == {"graphs kept": 0}
     if os.path.isdir("/proc/self/task"):  # Linux: the main thread's CPU beside each host probe
@@ -737,6 +738,17 @@ def test_negative_heat_is_refused_and_the_plan_counts_the_heat(capsys):
         extra = sweep.HEAT_S + len(names) * sweep.step_s(shape)
         assert sweep.shape_s(shape, names, warm) == pytest.approx(
             sweep.shape_s(shape, names, cold) + extra)
+    # the first shape heats longer: it meets the card from the idle of compiling ahead
+    assert warm.first_heat_s == sweep.FIRST_HEAT_S > sweep.HEAT_S
+    plan = sweep.estimate(GRID[:2], names, warm, 0, False)["per_shape_s"]
+    assert plan[0] == pytest.approx(sweep.shape_s(GRID[0], names, warm)
+                                    + sweep.FIRST_HEAT_S - sweep.HEAT_S)
+    assert plan[1] == pytest.approx(sweep.shape_s(GRID[1], names, warm))
+    assert [sweep.shape_heat_s(i, warm) for i in range(3)] == [sweep.FIRST_HEAT_S, sweep.HEAT_S,
+                                                                sweep.HEAT_S]
+    with pytest.raises(SystemExit):
+        sweep.parse_args(["--first-heat-s", "-1"])
+    assert "--first-heat-s -1: must be >= 0" in capsys.readouterr().err
     # call by call there is no held turn to heat for
     calls = sweep.apply_defaults(sweep.parse_args(["--estimate", "--hold-s", "0"]))
     calls_cold = sweep.apply_defaults(sweep.parse_args(["--estimate", "--hold-s", "0",

@@ -87,6 +87,13 @@ SHORT_TURN_S = 0.05
 # Untimed calls of every variant in turn before a shape's first turn (timing.heat says why):
 # about the first two turns of 0.7 s, the ones that ran fast without them.
 HEAT_S = 1.5
+# The first shape's heat: it meets the card straight from the idle of compiling ahead. On an H100
+# (2026-12-06) with 1.5 s the headline's two rounds read ours 12.12 then 12.75 ms and the GEMM
+# bound 12.79 then 12.25 (first rounds 4-5% off the rest, both ways); with 10 s (`gpu_run.sh
+# sweep_heat`, another H100, six rounds) the first rounds sat within 2.2% of the other five and
+# those within 1.2% (benchmarks/h100-sweep-heat.json). Later shapes follow the turns of the one
+# before, on a card already at its steady clocks.
+FIRST_HEAT_S = 10.0
 DEFAULT_BUDGET_S = 500.0  # a device call may run 600 s; leave time for the report and margin
 WATCHDOG_MARGIN_S = 60.0
 # Outputs or gradients further than this from eager's (relative: y, dx, dW1 or dW2) mark the
@@ -138,6 +145,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="held timing: seconds of untimed calls of every variant in turn before a "
                         "shape's first turn, so that its first turns do not meet a card fresh "
                         f"from idle (default {HEAT_S:g}; 0: none)")
+    p.add_argument("--first-heat-s", type=float, default=FIRST_HEAT_S,
+                   help="held timing: the same before the first shape, which meets the card "
+                        f"from the idle of compiling ahead (default {FIRST_HEAT_S:g}; 0: none)")
     p.add_argument("--short-turns-s", type=float, default=SHORT_TURN_S,
                    help="turn length for host-bound steps (GPU work under "
                         f"{HOST_STEP_S * 1e3:g} ms at {STEP_RATE / 1e12:g} TFLOP/s), as many "
@@ -204,6 +214,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                 "turns off)")
     if args.heat_s < 0:
         p.error(f"--heat-s {args.heat_s:g}: must be >= 0 (0: no untimed calls before the turns)")
+    if args.first_heat_s < 0:
+        p.error(f"--first-heat-s {args.first_heat_s:g}: must be >= 0 (0: no untimed calls before "
+                "the first shape's turns)")
     if args.tokens is not None:
         try:
             args.tokens = sorted({int(t) for t in args.tokens.split(",")})
@@ -303,17 +316,23 @@ def turns(shape: Shape, args: argparse.Namespace) -> tuple[float, int]:
     return short, max(args.rounds, round(args.hold_s * args.rounds / short))
 
 
-def shape_s(shape: Shape, names, args: argparse.Namespace) -> float:
+def shape_heat_s(index: int, args: argparse.Namespace) -> float:
+    """Seconds of untimed calls before the turns of the sweep's shape number ``index``."""
+    return args.first_heat_s if index == 0 else args.heat_s
+
+
+def shape_s(shape: Shape, names, args: argparse.Namespace, heat: float | None = None) -> float:
     """Seconds one shape takes: per variant its untimed calls, first step and two steps of peak
     memory, then its turns (each runs past its time by the steps queued, HOLD_QUEUE) or its
-    timed calls; the untimed calls before held turns (--heat-s, its last cycle's steps past
-    it) and torch.compile's compile on top."""
+    timed calls; the untimed calls before held turns (``heat``, default --heat-s, its last
+    cycle's steps past it) and torch.compile's compile on top."""
+    heat = args.heat_s if heat is None else heat
     step = step_s(shape)
     hold_s, rounds = turns(shape, args)
     timed = rounds * (hold_s + HOLD_QUEUE * step) if hold_s > 0 else args.iters * step
     per_variant = (args.warmup + 3) * step + timed
     graphs = GRAPH_CAPTURE_S * sum(name.endswith("_graphed") for name in names)
-    heated = args.heat_s + len(names) * step if hold_s > 0 and args.heat_s > 0 else 0.0
+    heated = heat + len(names) * step if hold_s > 0 and heat > 0 else 0.0
     return (SHAPE_SETUP_S + len(names) * per_variant + graphs + heated
             + (COMPILE_S if "compile" in names else 0.0))
 
@@ -327,7 +346,7 @@ def compile_ahead_s(n_kernels: int, warm_quack: bool, jobs: int) -> float:
 def estimate(shapes, names, args: argparse.Namespace, n_kernels: int, warm_quack: bool) -> dict:
     """The plan's seconds. n_kernels: ours compiled ahead (0: none); warm_quack: quack's too,
     else (when it runs) it compiles during the first shape."""
-    per_shape = [shape_s(s, names, args) for s in shapes]
+    per_shape = [shape_s(s, names, args, shape_heat_s(i, args)) for i, s in enumerate(shapes)]
     # torch.compile's first graph; the torch backend compiles its fused activations once too
     # (static at the first shape, shape-generic from the second on).
     first_use = FIRST_COMPILE_S * (("compile" in names) + ("torch_backend" in names))
@@ -510,7 +529,7 @@ def run(args: argparse.Namespace) -> dict:
         "mode": "sweep", "autograd_threads": not args.no_autograd_threads,
         "launch_graphs": GRAPHS.enabled, "dtype": args.dtype,
         "hold_s": args.hold_s, "rounds": args.rounds, "short_turns_s": args.short_turns_s,
-        "heat_s": args.heat_s,
+        "heat_s": args.heat_s, "first_heat_s": args.first_heat_s,
         "warmup": args.warmup, "iters": args.iters, "dry_run": args.dry_run,
         "quick": args.quick, "variants": names, "budget_s": args.budget_s, "estimate": plan,
         "backend_note": getattr(args, "backend_note", None),
@@ -543,6 +562,7 @@ def run(args: argparse.Namespace) -> dict:
         if elapsed + plan["per_shape_s"][i] > args.budget_s:
             row["skipped"] = f"over the time budget ({args.budget_s - elapsed:.0f} s left)"
         else:
+            ctx.heat_s = shape_heat_s(i, args)
             row |= attempt(ctx, f"sweep {shape.label}", sweep_row, ctx, shape, names,
                            args.quack_tuned, turns(shape, args))
         results["rows"].append(row)
