@@ -189,7 +189,7 @@ def rounds_apart(rows: list[dict]) -> list[str]:
     eager, moved by more than ROUNDS_APART between rounds, with each round's ratio, so that the
     median of rounds that disagree is not read as a verdict. On an H100 the sweep's first shape
     read the bound / ours 1.055 in its first round and 0.961 in its second, eager / its copy
-    0.966 and 1.010 (benchmarks/h100-sweep.json, 2026-12-06)."""
+    0.966 and 1.010 (the H100 sweep of 36f7dd8, 2026-12-06, 1.5 s of heat before each shape)."""
     lines = []
     for baseline, variant, label in (("eager", "ours", "ours vs eager"),
                                      ("eager", "eager_copy", "eager's second copy vs eager"),
