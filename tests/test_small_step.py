@@ -331,6 +331,78 @@ def test_the_module_keeps_the_rules_row_limit_for_its_weights_and_options(monkey
     torch.testing.assert_close(y_small, fused)
 
 
+def test_the_kept_limit_serves_later_steps_until_an_attribute_or_a_shard_changes(monkeypatch):
+    """Once the limit is kept, a step below it reads neither the module's options nor the rule
+    (the fast lane); setting any attribute of the module drops the limit, and a bias or a
+    parametrized weight put on a shard since sends the step through the full path, which
+    computes with them."""
+    from torch.nn.utils import parametrize
+
+    from parallel_mlp import layer
+
+    monkeypatch.setattr(small_step, "applies", _rule_below(10 ** 6, []))
+    torch.manual_seed(0)
+    mlp = ParallelMLP(16, 12, activation="gelu_tanh_approx")
+    x = torch.randn(5, 16)
+    want = mlp(x)
+    full_path = []
+    weight_and_bias = layer._weight_and_bias
+    monkeypatch.setattr(layer, "_weight_and_bias",
+                        lambda shard: full_path.append(shard) or weight_and_bias(shard))
+    y = mlp(x)
+    assert _took_small_step(y) and full_path == []
+    torch.testing.assert_close(y, want)
+    mlp.backend = "auto"  # an attribute set, even to its value: the limit is worked out again
+    assert _took_small_step(mlp(x)) and len(full_path) == 2
+    assert _took_small_step(mlp(x)) and len(full_path) == 2
+    del mlp.tp_comm_overlap
+    assert "_kept_small_step_limit" not in mlp.__dict__
+    mlp.tp_comm_overlap = False
+    mlp(x)
+    assert "_kept_small_step_limit" in mlp.__dict__
+
+    mlp.fc2.bias = torch.nn.Parameter(torch.randn(16))
+    with_bias = mlp(x)
+    assert len(full_path) > 2
+    torch.testing.assert_close(with_bias, want + mlp.fc2.bias)
+
+    mlp.fc2.bias = None
+    mlp(x)
+    count = len(full_path)
+    parametrize.register_parametrization(mlp.fc1, "weight", _Doubled())
+    doubled = mlp(x)
+    assert len(full_path) > count
+    torch.testing.assert_close(doubled, parallel_mlp_func(x, mlp.fc1.weight, mlp.fc2.weight,
+                                                          "gelu_tanh_approx"))
+    assert not torch.allclose(doubled, want)
+
+
+def test_a_kept_limit_does_not_lead_a_compiled_module_into_the_fast_lane(monkeypatch):
+    """torch.compile of a module that kept its limit in eager steps: the forward tests for
+    compilation before reading the kept limit's weak references, and the compiled module gives
+    the eager module's output and gradients."""
+    monkeypatch.setattr(small_step, "applies", _rule_below(10 ** 6, []))
+    torch.manual_seed(0)
+    mlp = ParallelMLP(16, 12, activation="gelu_tanh_approx")
+    x = torch.randn(5, 16, requires_grad=True)
+    want = mlp(x)
+    want.square().sum().backward()
+    want_grads = [x.grad.clone(), mlp.fc1.weight.grad.clone()]
+    assert "_kept_small_step_limit" in mlp.__dict__
+    compiled = torch.compile(mlp, backend="eager", fullgraph=True)
+    x.grad = None
+    mlp.zero_grad()
+    got = compiled(x)
+    got.square().sum().backward()
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close([x.grad, mlp.fc1.weight.grad], want_grads)
+
+
+class _Doubled(torch.nn.Module):
+    def forward(self, w):
+        return 2 * w
+
+
 def test_the_modules_small_step_reports_a_bad_input_as_the_checks_do(monkeypatch):
     """Through the kept limit the small step runs without the checks first; a wrong width or
     device still raises the checks' error naming the input and rule."""
