@@ -31,7 +31,7 @@ def require_tensor(name: str, t, optional: bool = False) -> None:
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
 
 
-def _plainly_valid(x, w1, b1, w2, b2, act: Activation) -> bool:
+def plainly_valid(x, w1, b1, w2, b2, act: Activation) -> bool:
     """The common case in a few comparisons, so that a host-bound step does not pay for the
     full checks: no biases, tensors of one floating dtype on one device, matching shapes. False
     only means "look closer"."""
@@ -48,7 +48,7 @@ def _plainly_valid(x, w1, b1, w2, b2, act: Activation) -> bool:
 
 def check_shards(x, w1, b1, w2, b2, act: Activation) -> None:
     """Shapes, dtypes and devices of one rank's MLP inputs (see parallel_mlp_func)."""
-    if not _plainly_valid(x, w1, b1, w2, b2, act):
+    if not plainly_valid(x, w1, b1, w2, b2, act):
         _check_shards_fully(x, w1, b1, w2, b2, act)
 
 

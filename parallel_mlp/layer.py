@@ -14,8 +14,8 @@ from . import overlap as overlap_mod
 from .activations import get_activation
 from .autograd import FunctionOptions, ParallelMLPFunction, apply_function, replays_launches
 from .backends import check_backend_name
-from .checks import (check_sequence_parallel_input, check_shards, require_divisible,
-                     require_positive_int)
+from .checks import (check_sequence_parallel_input, check_shards, plainly_valid,
+                     require_divisible, require_positive_int)
 from .params import set_muon_hooks, set_tp_metadata
 from . import small_step
 from .tp import TPGroup, all_gather_objects, resolve_group
@@ -129,7 +129,8 @@ def _weight_and_bias(shard: nn.Module):
 
 
 class _KeptLimit(NamedTuple):
-    """What ParallelMLP.forward keeps of the small-step rule (see _small_step_limit)."""
+    """What ParallelMLP.forward keeps of the small-step rule and of its own options (see
+    _small_step_limit), for its fast lane."""
 
     w1: weakref.ref
     w2: weakref.ref
@@ -137,9 +138,12 @@ class _KeptLimit(NamedTuple):
     numel: int  # x.numel() below which the step takes the small step
     shapes: tuple
     run: object  # small_step.bias_free_step of the options' activation
+    # The fused function's options for the steps from numel on (None: no fast lane for them)
+    function_options: FunctionOptions | None = None
 
 
-def _small_step_limit(w1, w2, options: tuple, kept: _KeptLimit | None) -> _KeptLimit:
+def _small_step_limit(w1, w2, options: tuple, kept: _KeptLimit | None,
+                      function_options: FunctionOptions | None = None) -> _KeptLimit:
     """The x.numel() below which a step without biases on backend "auto" takes the small step:
     the rule's row limit (small_step.row_limit) times in_features, with weak references to the
     weights and the options it was worked out for, for ParallelMLP.forward to keep until a weight
@@ -150,7 +154,8 @@ def _small_step_limit(w1, w2, options: tuple, kept: _KeptLimit | None) -> _KeptL
     paths that compute the same function."""
     shapes = (w1.shape, w2.shape)
     if kept is not None and kept.options == options and kept.shapes == shapes:
-        return kept._replace(w1=weakref.ref(w1), w2=weakref.ref(w2))
+        return kept._replace(w1=weakref.ref(w1), w2=weakref.ref(w2),
+                             function_options=function_options)
     tp_size, recompute, fuse_grad_accum, act, launch_graphs, device_type = options
     numel = 0
     if w1.dim() == 2 and w2.dim() == 2:  # else the checks refuse them, in _run
@@ -161,7 +166,7 @@ def _small_step_limit(w1, w2, options: tuple, kept: _KeptLimit | None) -> _KeptL
             fuse_grad_accum=fuse_grad_accum, compiling=False, gate_ops=act.gate is not None,
             launch_graphs=launch_graphs)
     return _KeptLimit(weakref.ref(w1), weakref.ref(w2), options, numel, shapes,
-                      small_step.bias_free_step(act))
+                      small_step.bias_free_step(act), function_options)
 
 
 def default_hidden_features(in_features: int, gated: bool) -> int:
@@ -337,31 +342,35 @@ class ParallelMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         modules = self._modules  # fc1 and fc2 are always registered submodules
         kept = self.__dict__.get("_kept_small_step_limit")
-        if (kept is not None and kept.numel and not torch.compiler.is_compiling()
-                and isinstance(x, torch.Tensor)):
+        if kept is not None and not torch.compiler.is_compiling() and isinstance(x, torch.Tensor):
             # The fast lane of a host-bound step: the module's own options were fixed when the
             # limit was kept (__setattr__ drops it), so what is left to test is what changes
             # without them: compilation (under which the full path decides, as before the
             # limit was kept), the shards' weights and biases (FSDP and loaders put new ones
             # in place), x and the launch graphs' switch. A shard built without a bias holds None
             # as a plain attribute; one given a Parameter since holds it in _parameters instead,
-            # and leaves this lane. Against the full test below on a 2-core VM (T=8 d=16
-            # gelu_tanh_approx, 41 rounds in alternating order, 2026-12-06): the forward 16.0
-            # against 16.7 µs, a whole step 1.8% shorter by the paired median, level with
-            # eager's module (0.98-1.00x over three runs).
+            # and leaves this lane. Against the full path on a 2-core VM (T=8 d=16, 41 rounds in
+            # alternating order, two runs, 2026-12-06): the small step's forward (gelu) 16.0
+            # against 16.7 µs, its whole step 1.8% shorter by the paired median and level with
+            # eager's module; the fused function's forward (swiglu, the torch backend on the
+            # CPU) 53.4-54.8 against 56.4-60.1 µs, its whole step 2.5% shorter.
             s1, s2 = modules["fc1"], modules["fc2"]
             w1, w2 = s1._parameters.get("weight"), s2._parameters.get("weight")
             options = kept.options
             if (w1 is not None and w2 is not None and kept.w1() is w1 and kept.w2() is w2
                     and s1.__dict__.get("bias", w1) is None and s2.__dict__.get("bias", w2) is None
-                    and x.numel() < kept.numel and x.dtype.is_floating_point
                     and options[5] == ("cuda" if x.is_cuda else x.device.type)
                     and options[4] == replays_launches(None, None)):
-                try:
-                    return kept.run(x, w1, w2)
-                except Exception:  # the checks' error names the input and rule
-                    check_shards(x, w1, None, w2, None, options[3])
-                    raise
+                if x.numel() < kept.numel and x.dtype.is_floating_point:
+                    try:
+                        return kept.run(x, w1, w2)
+                    except Exception:  # the checks' error names the input and rule
+                        check_shards(x, w1, None, w2, None, options[3])
+                        raise
+                elif (kept.function_options is not None
+                      and plainly_valid(x, w1, None, w2, None, options[3])):
+                    # what _run does past the small step, its checks passed
+                    return apply_function(x, w1, None, w2, None, kept.function_options)
         w1, b1 = _weight_and_bias(modules["fc1"])
         w2, b2 = _weight_and_bias(modules["fc2"])
         act = get_activation(self.activation)
@@ -378,7 +387,11 @@ class ParallelMLP(nn.Module):
             kept = self.__dict__.get("_kept_small_step_limit")
             if (kept is None or kept.w1() is not w1 or kept.w2() is not w2
                     or kept.options != options):
-                kept = _small_step_limit(w1, w2, options, kept)
+                # For steps from the limit on, the fast lane runs the fused function with the
+                # options _run would give it (with the collectives' overlap off; on, _run decides)
+                function_options = None if self.tp_comm_overlap is not False else FunctionOptions(
+                    act, self.tp, bool(self.recompute), bool(self.fuse_grad_accum), "auto")
+                kept = _small_step_limit(w1, w2, options, kept, function_options)
                 self.__dict__["_kept_small_step_limit"] = kept  # not a parameter or module
             small = x.numel() < kept.numel
             if small:

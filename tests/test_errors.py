@@ -137,7 +137,7 @@ def test_the_checks_fast_path_accepts_only_what_the_full_checks_accept():
             w2 = w2.tolist()
         b1 = pick(None, torch.zeros(rows, dtype=base), torch.zeros(rows + 1))
         b2 = pick(None, torch.zeros(7, dtype=base), torch.zeros(6))
-        if checks._plainly_valid(x, w1, b1, w2, b2, act):
+        if checks.plainly_valid(x, w1, b1, w2, b2, act):
             accepted += 1
             checks._check_shards_fully(x, w1, b1, w2, b2, act)  # must not raise
     assert accepted > 10  # the fast path was exercised

@@ -377,6 +377,51 @@ def test_the_kept_limit_serves_later_steps_until_an_attribute_or_a_shard_changes
     assert not torch.allclose(doubled, want)
 
 
+def test_the_fast_lane_runs_the_fused_function_as_the_full_path_would(monkeypatch):
+    """From the kept limit on, the fast lane applies the fused function with the options the
+    full path gives it (the same output and gradients, in both memory modes); inputs the plain
+    checks do not pass (a weight's dtype changed in place, x's width) and the collectives'
+    overlap switched on go through the full path, whose checks name the input."""
+    from parallel_mlp import layer
+
+    monkeypatch.setattr(small_step, "applies", _rule_below(7, []))
+    full_path = []
+    weight_and_bias = layer._weight_and_bias
+    monkeypatch.setattr(layer, "_weight_and_bias",
+                        lambda shard: full_path.append(shard) or weight_and_bias(shard))
+    for recompute in (False, True):
+        torch.manual_seed(0)
+        mlp = ParallelMLP(16, 12, activation="swiglu", recompute=recompute)
+        x = torch.randn(9, 16, requires_grad=True)
+        results = []
+        for _ in range(2):  # the first call keeps the limit, the second takes the fast lane
+            x.grad = None
+            mlp.zero_grad()
+            y = mlp(x)
+            assert not _took_small_step(y)
+            assert (y.grad_fn.preact is None) == recompute  # recompute mode keeps x alone
+            y.square().sum().backward()
+            results.append([y, x.grad, mlp.fc1.weight.grad, mlp.fc2.weight.grad])
+        assert len(full_path) == 2 * (1 + recompute)  # the fast lane read no shard
+        for got, want in zip(*results):
+            assert torch.equal(got, want)
+        want = parallel_mlp_func(x, mlp.fc1.weight, mlp.fc2.weight, "swiglu", recompute=recompute)
+        torch.testing.assert_close(results[1][0], want)
+
+    count = len(full_path)
+    with pytest.raises(ValueError, match=r"x's last dim must be in_features=16"):
+        mlp(torch.randn(9, 15))
+    assert len(full_path) == count + 2
+    mlp.fc2.weight.data = mlp.fc2.weight.data.double()
+    with pytest.raises(TypeError, match="w2 has dtype torch.float64 but x has torch.float32"):
+        mlp(torch.randn(9, 16))
+    mlp.fc2.weight.data = mlp.fc2.weight.data.float()
+    mlp.tp_comm_overlap = True
+    for _ in range(2):
+        assert not _took_small_step(mlp(torch.randn(9, 16)))
+    assert len(full_path) == count + 8
+
+
 def test_a_kept_limit_does_not_lead_a_compiled_module_into_the_fast_lane(monkeypatch):
     """torch.compile of a module that kept its limit in eager steps: the forward tests for
     compilation before reading the kept limit's weak references, and the compiled module gives
