@@ -159,6 +159,28 @@ def test_small_step_matches_the_reference_with_every_gradient(name, bias, lead):
         torch.testing.assert_close(grad, want[key], msg=f"{name} grad of {key}")
 
 
+@pytest.mark.parametrize("rows", [3, 40])  # gated: one GEMM, then two (rows per feature)
+@pytest.mark.parametrize("name", sorted(ACTIVATIONS))
+def test_the_bias_free_step_is_the_small_step_to_the_bit(name, rows):
+    """The module's fast lane runs small_step.bias_free_step; the full path, small_step itself:
+    the same output and gradients, bit for bit, for every activation."""
+    act = ACTIVATIONS[name]
+    torch.manual_seed(0)
+    d, h = 8, 12
+    w1 = torch.randn((2 if act.gated else 1) * h, d, requires_grad=True)
+    w2 = torch.randn(d, h, requires_grad=True)
+    x = torch.randn(rows, d, requires_grad=True)
+    dy = torch.randn(rows, d)
+    results = []
+    for step in (small_step.bias_free_step(act),
+                 lambda x, w1, w2: small_step.small_step(x, w1, None, w2, None, act)):
+        y = step(x, w1, w2)
+        grads = torch.autograd.grad(y, (x, w1, w2), dy)
+        results.append([y, *grads])
+    for got, want in zip(*results):
+        assert torch.equal(got, want)
+
+
 def test_gated_fc1_runs_as_two_gemms_from_the_rows_per_feature_threshold(monkeypatch):
     """From GATE_GEMMS_MIN_ROWS_PER_FEATURE rows per input feature, gated fc1 is two GEMMs on
     W1's gate and up rows in place (three F.linear calls in all), below it one (two calls);
