@@ -151,7 +151,8 @@ def _small_step_limit(w1, w2, options: tuple, kept: _KeptLimit | None,
     launch groups would replay, x's device type). New weights of the kept ones' shapes (FSDP puts
     new views in place every step) keep the limit, without asking the rule again. A weight whose
     shape changes in place (``w.data = ...``) keeps it too: that only moves a step between two
-    paths that compute the same function."""
+    paths that compute the same function. ``function_options``: what the fast lane applies the
+    fused function with at the steps from the limit on (None: those take the full path)."""
     shapes = (w1.shape, w2.shape)
     if kept is not None and kept.options == options and kept.shapes == shapes:
         return kept._replace(w1=weakref.ref(w1), w2=weakref.ref(w2),
