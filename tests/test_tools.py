@@ -224,20 +224,26 @@ TINY_SHAPES = ["--shape", "8,16,32,swiglu", "--shape", "64,32,48,gelu_tanh_appro
 def test_host_bound_paths_takes_each_path_and_matches_eager(monkeypatch, capsys):
     """tools/host_bound_paths.py --check-only (CPU, fp32): the fused variant and its torch_apply
     twin run the fused function, the latter through torch's Function.apply and the former not
-    (where the direct apply is available), the forced small step runs plain ops, and all three
-    give eager's output and gradients."""
-    from parallel_mlp import autograd
+    (where the direct apply is available), the full_path variant runs it through the module's
+    full path (``_run``) where the fused variant takes the forward's fast lane, the forced small
+    step runs plain ops, and all of them give eager's output and gradients."""
+    from parallel_mlp import autograd, layer
 
     tool = _host_bound_paths()
-    calls = []
+    calls, full_path_steps = [], []
     torch_apply = autograd.ParallelMLPFunction.apply
     monkeypatch.setattr(autograd.ParallelMLPFunction, "apply",
                         staticmethod(lambda *args: calls.append(1) or torch_apply(*args)))
+    run = layer._run
+    # the timed steps' x requires grad; the probe forwards that keep each limit do not
+    monkeypatch.setattr(layer, "_run", lambda x, *args: (
+        full_path_steps.append(1) if x.requires_grad else None) or run(x, *args))
     assert tool.main(["--check-only", *TINY_SHAPES]) == 0
     out = capsys.readouterr().out
     assert out.count("every variant agrees with eager") == 2
-    # one torch_apply step per shape; without the direct apply the fused variant's step too
-    assert len(calls) == (2 if autograd._DIRECT else 4)
+    # one torch_apply step per shape; without the direct apply the fused and full_path steps too
+    assert len(calls) == (2 if autograd._DIRECT else 6)
+    assert len(full_path_steps) == 2  # the full_path variant's step, once per shape
 
 
 def test_host_bound_paths_refuses_a_small_step_that_was_not_forced(monkeypatch):

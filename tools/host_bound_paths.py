@@ -4,7 +4,7 @@ beside eager (a GPU is needed to time; ``--check-only`` runs anywhere).
     python3 tools/host_bound_paths.py [--rounds 80] [--turn-s 0.05] [--shape T,d,h,act ...]
     python3 tools/host_bound_paths.py --shape 512,1024,512,gelu_tanh_approx --kernels
 
-Four variants of one step, with the same weights:
+Five variants of one step, with the same weights:
 
 - ``eager``: ``bench.models.EagerMLP``, the MLP a PyTorch user writes;
 - ``fused``: ``ParallelMLP`` on ``backend="auto"`` with its kept small-step row limit forced to 0
@@ -14,6 +14,9 @@ Four variants of one step, with the same weights:
 - ``torch_apply``: the same module with that direct apply switched off between turns
   (``autograd._DIRECT``), so that torch's ``Function.apply``, Python around the same C++ apply,
   runs instead;
+- ``full_path``: another such module whose kept limit holds no fused-function options, so that
+  its forward's fast lane passes the step on to the full path (the module's options read, the
+  shards' checks, ``_run``), as every fused step ran before the lane took them;
 - ``small``: a second ``ParallelMLP`` whose kept small-step row limit is forced above the step
   (``small_step.row_limit`` answering 2**48 while it works the limit out): the plain autograd
   ops of ``small_step.small_step``, which ``auto`` runs at the non-gated small steps and no
@@ -50,7 +53,8 @@ from parallel_mlp.bench.timing import heat, turn_order
 SHAPES = [  # T, d, h, activation: the sweep's gated host-bound steps
     (512, 1024, 2816, "swiglu"), (512, 8192, 2752, "swiglu"), (2048, 2048, 2816, "swiglu")]
 # (numerator, denominator) of the printed ratios: above 1 the denominator is faster.
-PAIRS = (("torch_apply", "fused"), ("small", "fused"), ("eager", "fused"), ("eager", "small"))
+PAIRS = (("torch_apply", "fused"), ("full_path", "fused"), ("small", "fused"), ("eager", "fused"),
+         ("eager", "small"))
 # Whether this torch has the direct apply's parts: the switch is restored to it after each use.
 _DIRECT_AVAILABLE = autograd._DIRECT
 
@@ -87,6 +91,14 @@ def forced_fused(model, rows: int):
     return _forced_row_limit(model, 0, rows)
 
 
+def without_fast_lane(model):
+    """``model`` (its limit kept) with its forward's fast lane closed to fused steps: the kept
+    limit holds no fused-function options, so those steps take the full path."""
+    kept = model.__dict__["_kept_small_step_limit"]
+    model.__dict__["_kept_small_step_limit"] = kept._replace(function_options=None)
+    return model
+
+
 def variants(T: int, d: int, h: int, act: str, device, dtype):
     """{name: step function} and (x, dy) for one shape."""
     gated = ACTIVATIONS[act].gated
@@ -97,6 +109,7 @@ def variants(T: int, d: int, h: int, act: str, device, dtype):
     dy = torch.randn(T, d, device=device, generator=g).to(dtype)
     eager = EagerMLP(chunked_w1(w1, gated), w2.clone(), act)
     fused = forced_fused(build_parallel_mlp(w1, w2, act, h), T)
+    full_path = without_fast_lane(forced_fused(build_parallel_mlp(w1, w2, act, h), T))
     small = forced_small_step(build_parallel_mlp(w1, w2, act, h))
 
     def step(model, direct=True):
@@ -106,8 +119,9 @@ def variants(T: int, d: int, h: int, act: str, device, dtype):
         return run
 
     fns = {"eager": step(eager), "fused": step(fused), "torch_apply": step(fused, direct=False),
-           "small": step(small)}
-    models = {"eager": eager, "fused": fused, "torch_apply": fused, "small": small}
+           "full_path": step(full_path), "small": step(small)}
+    models = {"eager": eager, "fused": fused, "torch_apply": fused, "full_path": full_path,
+              "small": small}
     return fns, models, x, gated
 
 
@@ -118,7 +132,7 @@ def check(fns, models, x, gated: bool, tol: float) -> dict[str, float]:
     def grads(name):
         y = fns[name]()
         fused_node = type(y.grad_fn).__name__.startswith("ParallelMLPFunction")
-        if fused_node != (name in ("fused", "torch_apply")):
+        if fused_node != (name in ("fused", "torch_apply", "full_path")):
             raise SystemExit(f"{name} took the wrong path: its output's node is "
                              f"{type(y.grad_fn).__name__}")
         return [y.detach().clone(), x.grad.clone(), *weight_grads(models[name], gated)]
