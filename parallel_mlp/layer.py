@@ -354,7 +354,9 @@ class ParallelMLP(nn.Module):
             # alternating order, two runs, 2026-12-06): the small step's forward (gelu) 16.0
             # against 16.7 µs, its whole step 1.8% shorter by the paired median and level with
             # eager's module; the fused function's forward (swiglu, the torch backend on the
-            # CPU) 53.4-54.8 against 56.4-60.1 µs, its whole step 2.5% shorter.
+            # CPU) 53.4-54.8 against 56.4-60.1 µs, its whole step 2.5% shorter; on an H100 the
+            # gated host-bound steps 0.5-3.3% shorter in 40 paired turns (ties by their intervals;
+            # benchmarks/h100-fused-fast-lane.txt).
             s1, s2 = modules["fc1"], modules["fc2"]
             w1, w2 = s1._parameters.get("weight"), s2._parameters.get("weight")
             options = kept.options
