@@ -31,7 +31,7 @@ def test_the_command_prints_its_figures_and_leaves_ops_as_it_was():
     assert set(figures) == {"fwd+bwd", "forward", "ops.gemm (fc2's shape)",
                             "empty autograd function fwd+bwd",
                             "fwd+bwd, launch groups replayed (graph launches not counted)",
-                            "fwd+bwd, launch groups with every key new"}
+                            "fwd+bwd, launch groups with every key new", host_stub.AUTO_LANE}
     assert all(us > 0 for us in figures.values())
     assert lines[0].startswith("host µs with the kernels stubbed out")
     assert kcompile.get_kernel is get_kernel and torch.cuda.current_device is current_device
@@ -72,3 +72,25 @@ def test_launch_groups_replayed_launch_nothing_and_new_keys_launch_all(monkeypat
                     counts.append(len(launched) - before)
             assert counts == per_call, (replayed, counts, graphs.stats)
     assert (autograd.GRAPHS, autograd._kernels_here) == saved
+
+
+def test_the_auto_figure_takes_the_modules_fast_lane_to_the_fused_function(monkeypatch):
+    """The auto module of the stub's figure reaches the fused function's launches, and from its
+    second step without the module's full path (layer._run): the fast lane, which a user's
+    backend="auto" layer takes."""
+    from parallel_mlp import layer
+    from parallel_mlp.layer import ParallelMLP
+
+    launched, full_path = [], []
+    monkeypatch.setattr(host_stub._NoLaunch, "run_compiled_program",
+                        lambda self, args: launched.append(self.key))
+    run = layer._run
+    monkeypatch.setattr(layer, "_run", lambda *args: full_path.append(1) or run(*args))
+    with host_stub.stubbed_kernels(), host_stub.launch_groups(False):
+        mlp = ParallelMLP(256, 512, activation="swiglu", backend="auto", dtype=torch.bfloat16)
+        x = torch.randn(128, 256, dtype=torch.bfloat16, requires_grad=True)
+        dy = torch.randn(128, 256, dtype=torch.bfloat16)
+        for _ in range(3):
+            mlp(x).backward(dy)
+    assert len(launched) == 18  # six launches a step, each key new
+    assert full_path == [1]  # the first step keeps the limit; the other two take the lane

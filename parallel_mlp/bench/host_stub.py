@@ -139,6 +139,11 @@ def launch_groups(replayed: bool):
         autograd.GRAPHS, autograd._kernels_here = saved
 
 
+# The figure of the layer as a user builds it (backend="auto"), whose module forward takes the
+# fast lane to the fused function; the other step figures are backend="cute"'s full path.
+AUTO_LANE = "fwd+bwd, auto through the module's fast lane, launch groups replayed"
+
+
 class _Empty(torch.autograd.Function):
     """torch's floor for an autograd function of the layer's arity: saves its inputs, allocates
     its outputs, computes nothing."""
@@ -162,6 +167,12 @@ def measure(calls: int, profile: bool = False, out=print) -> dict:
     torch.manual_seed(0)
     with stubbed_kernels():
         mlp = ParallelMLP(D, H, activation=ACT, backend="cute", dtype=torch.bfloat16)
+        # backend="auto", as a user builds the layer: from its second call the module's forward
+        # takes its fast lane to the fused function (ParallelMLP.forward)
+        auto = ParallelMLP(D, H, activation=ACT, backend="auto", dtype=torch.bfloat16)
+        with torch.no_grad():
+            auto.fc1.weight.copy_(mlp.fc1.weight)
+            auto.fc2.weight.copy_(mlp.fc2.weight)
         x = torch.randn(T, D, dtype=torch.bfloat16, requires_grad=True)
         dy = torch.randn(T, D, dtype=torch.bfloat16)
         w1, w2 = mlp.fc1.weight, mlp.fc2.weight
@@ -170,6 +181,10 @@ def measure(calls: int, profile: bool = False, out=print) -> dict:
         def step():
             x.grad = w1.grad = w2.grad = None
             mlp(x).backward(dy)
+
+        def auto_step():
+            x.grad = auto.fc1.weight.grad = auto.fc2.weight.grad = None
+            auto(x).backward(dy)
 
         def empty_step():
             x.grad = w1.grad = w2.grad = None
@@ -185,6 +200,8 @@ def measure(calls: int, profile: bool = False, out=print) -> dict:
                                (False, "fwd+bwd, launch groups with every key new")):
             with launch_groups(replayed):
                 figures[name] = _us_per_call(step, calls)
+        with launch_groups(True):
+            figures[AUTO_LANE] = _us_per_call(auto_step, calls)
         out(f"host µs with the kernels stubbed out (no launch), T={T} d={D} {ACT} h={H}, bf16 on "
             f"the CPU; median of 5 rounds of {calls} calls")
         for name, us in figures.items():
