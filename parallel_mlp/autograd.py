@@ -44,7 +44,7 @@ from typing import NamedTuple
 import torch
 
 from .activations import Activation
-from .backends import TorchBackend, resolve
+from .backends import TorchBackend, for_step, resolve
 from .grad_accum import accumulation_buffer, after_accumulating, weight_grad
 from .launch_graphs import GRAPHS, tensor_key
 from . import overlap as overlap_mod
@@ -363,6 +363,8 @@ class ParallelMLPFunction(torch.autograd.Function):
             # (preact and dpreact: fc1's rows; y and dy: fc2's), so the choice holds for all of
             # them and the ops need not check again.
             ops = resolve(backend, x2d, w1c, w2c, b1c, (1, w1c.shape[0]), (1, w2c.shape[0]))
+            ops = for_step(ops, tp.size * x2d.shape[0] if sp else x2d.shape[0], w1c.shape,
+                           w2c.shape)
             groups = _in_groups(ops, tp, sp, overlap, x2d, b1c, b2c)
             if groups:
                 site = _site("forward", ops, x2d, act.name, not recompute)
@@ -411,7 +413,8 @@ class ParallelMLPFunction(torch.autograd.Function):
         # them: only dy is new to the CuTe path's checks.
         ops = forward_ops
         if ops is not TorchBackend:
-            ops = resolve(backend, dy2d)
+            ops = for_step(resolve(backend, dy2d), tp.size * x2d.shape[0] if sp else x2d.shape[0],
+                           w1c.shape, w2c.shape)
         groups = (forward_groups and ops is forward_ops
                   and _in_groups(ops, tp, sp, overlap, dy2d, b1c, None))
         if groups:

@@ -355,3 +355,66 @@ def test_sm_count_is_the_kernels_count_on_cuda_and_none_elsewhere(monkeypatch):
     monkeypatch.setattr(ops, "_num_sms", lambda index: 114 + index)
     assert backends._sm_count(torch.device("cuda", 1)) == 115
     assert backends._sm_count(torch.device("cpu")) == 0
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_for_step_takes_the_cute_backend_exactly_where_auto_would_send_no_gemm_to_cublas(
+        gated, monkeypatch):
+    """for_step's one question per step agrees with AutoBackend's question per GEMM: CuteBackend
+    exactly where none of the step's plain GEMMs (fc2, dx, dW2, dW1) would go to cuBLAS, across
+    a floor that fc1's and fc2's sizes cross at different row counts."""
+    monkeypatch.setattr(backends, "_sm_count", lambda device: 10_000)
+    monkeypatch.setattr(backends, "CUBLAS_MIN_FLOP", 2 * 20 * 16 * 16)
+    auto, bf = backends.AutoBackend, torch.bfloat16
+    d_in, hidden, d_out = 16, 8, 12
+    features = 2 * hidden if gated else hidden
+    w1, w2 = torch.empty(features, d_in, dtype=bf), torch.empty(d_out, hidden, dtype=bf)
+    seen = set()
+    for rows in range(1, 80):
+        x, dy = torch.empty(rows, d_in, dtype=bf), torch.empty(rows, d_out, dtype=bf)
+        postact, dpreact = torch.empty(rows, hidden, dtype=bf), torch.empty(rows, features, dtype=bf)
+        gemms = [(postact, w2.t(), torch.empty(rows, d_out, dtype=bf)),        # fc2
+                 (dpreact, w1, torch.empty(rows, d_in, dtype=bf)),             # dx
+                 (dy.t(), postact, torch.empty(d_out, hidden, dtype=bf)),      # dW2
+                 (dpreact.t(), x, torch.empty(features, d_in, dtype=bf))]      # dW1
+        any_on_cublas = any(auto.on_cublas(a, b, out) for a, b, out in gemms)
+        chosen = backends.for_step(auto, rows, w1.shape, w2.shape)
+        assert chosen is (auto if any_on_cublas else backends.CuteBackend), rows
+        seen.add(chosen)
+    assert seen == {auto, backends.CuteBackend}  # the floor was crossed
+    for other in (backends.CuteBackend, TorchBackend):
+        assert backends.for_step(other, 1, w1.shape, w2.shape) is other
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_a_step_below_the_floor_asks_no_gemm_whether_it_goes_to_cublas(recompute, monkeypatch):
+    """The layer on auto, every plain GEMM below CUBLAS_MIN_FLOP: all six (seven with recompute's
+    replay) run our kernels, and no GEMM asks AutoBackend's per-GEMM question (for_step answered
+    it for the step); gradients as the torch backend's."""
+    from parallel_mlp import ParallelMLP
+
+    fake = _FakeKernelsWithActs()
+    monkeypatch.setattr(backends.CuteBackend, "_module", fake)
+    monkeypatch.setattr(backends.CuteBackend, "unsupported_reason", classmethod(lambda cls, *t: None))
+    monkeypatch.setattr(backends, "_sm_count", lambda device: 10_000)
+    asked = []
+    on_cublas = backends.AutoBackend._on_cublas.__func__
+    monkeypatch.setattr(backends.AutoBackend, "_on_cublas", classmethod(
+        lambda cls, *args: asked.append(1) or on_cublas(cls, *args)))
+    torch.manual_seed(0)
+    mlp = ParallelMLP(16, 32, activation="swiglu", recompute=recompute, backend="auto",
+                      dtype=torch.bfloat16)
+    ref = ParallelMLP(16, 32, activation="swiglu", backend="torch", dtype=torch.bfloat16)
+    ref.load_state_dict(mlp.state_dict())
+    x = torch.randn(9, 16, dtype=torch.bfloat16)
+    dy = torch.randn(9, 16, dtype=torch.bfloat16)
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    mlp(x1).backward(dy)
+    ref(x2).backward(dy)
+    kinds = [c[0] for c in fake.calls]
+    assert kinds.count("gemm_act") == 1 and kinds.count("gemm_dact") == 1
+    assert kinds.count("gemm") == 4 + recompute  # fc2, dW2, dW1, dx (and fc1's replay)
+    assert asked == []
+    for ours, want in ((x1.grad, x2.grad), (mlp.fc1.weight.grad, ref.fc1.weight.grad),
+                       (mlp.fc2.weight.grad, ref.fc2.weight.grad)):
+        torch.testing.assert_close(ours, want)
