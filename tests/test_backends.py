@@ -305,21 +305,11 @@ class _FakeKernelsWithActs(_FakeKernels):
                                       out_postact=out_postact)
 
 
-@pytest.mark.parametrize("recompute", [False, True])
-def test_the_layer_on_auto_sends_only_its_plain_gemms_to_cublas(recompute, monkeypatch):
-    """With every plain GEMM small enough for cuBLAS, the fused ops and recompute's replay of
-    fc1 still run our kernels (the replay must give gemm_act's bits); gradients as the torch
-    backend's."""
+def _auto_step_beside_torch(recompute: bool) -> list:
+    """One fwd+bwd of a small swiglu layer on auto and the same on the torch backend: the pairs
+    (ours, want) of dx, dW1 and dW2."""
     from parallel_mlp import ParallelMLP
 
-    fake = _FakeKernelsWithActs()
-    monkeypatch.setattr(backends.CuteBackend, "_module", fake)
-    monkeypatch.setattr(backends.CuteBackend, "unsupported_reason", classmethod(lambda cls, *t: None))
-    monkeypatch.setattr(backends, "_sm_count", lambda device: 10_000)
-    monkeypatch.setattr(backends, "CUBLAS_MIN_FLOP", 0)
-    mm = []
-    real_mm = torch.mm
-    monkeypatch.setattr(torch, "mm", lambda a, b, **kw: mm.append(a.shape) or real_mm(a, b, **kw))
     torch.manual_seed(0)
     mlp = ParallelMLP(16, 32, activation="swiglu", recompute=recompute, backend="auto",
                       dtype=torch.bfloat16)
@@ -330,11 +320,28 @@ def test_the_layer_on_auto_sends_only_its_plain_gemms_to_cublas(recompute, monke
     x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
     mlp(x1).backward(dy)
     ref(x2).backward(dy)
+    return [(x1.grad, x2.grad), (mlp.fc1.weight.grad, ref.fc1.weight.grad),
+            (mlp.fc2.weight.grad, ref.fc2.weight.grad)]
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_the_layer_on_auto_sends_only_its_plain_gemms_to_cublas(recompute, monkeypatch):
+    """With every plain GEMM small enough for cuBLAS, the fused ops and recompute's replay of
+    fc1 still run our kernels (the replay must give gemm_act's bits); gradients as the torch
+    backend's."""
+    fake = _FakeKernelsWithActs()
+    monkeypatch.setattr(backends.CuteBackend, "_module", fake)
+    monkeypatch.setattr(backends.CuteBackend, "unsupported_reason", classmethod(lambda cls, *t: None))
+    monkeypatch.setattr(backends, "_sm_count", lambda device: 10_000)
+    monkeypatch.setattr(backends, "CUBLAS_MIN_FLOP", 0)
+    mm = []
+    real_mm = torch.mm
+    monkeypatch.setattr(torch, "mm", lambda a, b, **kw: mm.append(a.shape) or real_mm(a, b, **kw))
+    grads = _auto_step_beside_torch(recompute)
     kinds = [c[0] for c in fake.calls]
     assert kinds == ["gemm_act"] + (["gemm"] if recompute else []) + ["gemm_dact"]
     assert len(mm) == 4  # fc2, dW2, dx, dW1
-    for ours, want in ((x1.grad, x2.grad), (mlp.fc1.weight.grad, ref.fc1.weight.grad),
-                       (mlp.fc2.weight.grad, ref.fc2.weight.grad)):
+    for ours, want in grads:
         torch.testing.assert_close(ours, want)
 
 
@@ -391,8 +398,6 @@ def test_a_step_below_the_floor_asks_no_gemm_whether_it_goes_to_cublas(recompute
     """The layer on auto, every plain GEMM below CUBLAS_MIN_FLOP: all six (seven with recompute's
     replay) run our kernels, and no GEMM asks AutoBackend's per-GEMM question (for_step answered
     it for the step); gradients as the torch backend's."""
-    from parallel_mlp import ParallelMLP
-
     fake = _FakeKernelsWithActs()
     monkeypatch.setattr(backends.CuteBackend, "_module", fake)
     monkeypatch.setattr(backends.CuteBackend, "unsupported_reason", classmethod(lambda cls, *t: None))
@@ -401,20 +406,10 @@ def test_a_step_below_the_floor_asks_no_gemm_whether_it_goes_to_cublas(recompute
     on_cublas = backends.AutoBackend._on_cublas.__func__
     monkeypatch.setattr(backends.AutoBackend, "_on_cublas", classmethod(
         lambda cls, *args: asked.append(1) or on_cublas(cls, *args)))
-    torch.manual_seed(0)
-    mlp = ParallelMLP(16, 32, activation="swiglu", recompute=recompute, backend="auto",
-                      dtype=torch.bfloat16)
-    ref = ParallelMLP(16, 32, activation="swiglu", backend="torch", dtype=torch.bfloat16)
-    ref.load_state_dict(mlp.state_dict())
-    x = torch.randn(9, 16, dtype=torch.bfloat16)
-    dy = torch.randn(9, 16, dtype=torch.bfloat16)
-    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
-    mlp(x1).backward(dy)
-    ref(x2).backward(dy)
+    grads = _auto_step_beside_torch(recompute)
     kinds = [c[0] for c in fake.calls]
     assert kinds.count("gemm_act") == 1 and kinds.count("gemm_dact") == 1
     assert kinds.count("gemm") == 4 + recompute  # fc2, dW2, dW1, dx (and fc1's replay)
     assert asked == []
-    for ours, want in ((x1.grad, x2.grad), (mlp.fc1.weight.grad, ref.fc1.weight.grad),
-                       (mlp.fc2.weight.grad, ref.fc2.weight.grad)):
+    for ours, want in grads:
         torch.testing.assert_close(ours, want)
