@@ -410,11 +410,11 @@ class ParallelMLPFunction(torch.autograd.Function):
 
         dy2d = _cast(_rows(dy), x2d.dtype)
         # Every other operand is forward's or has its row widths, and forward's choice covered
-        # them: only dy is new to the CuTe path's checks.
+        # them (for_step's too: the step's sizes are the same): only dy is new to the CuTe
+        # path's checks, and it can only send the step to the torch backend.
         ops = forward_ops
-        if ops is not TorchBackend:
-            ops = for_step(resolve(backend, dy2d), tp.size * x2d.shape[0] if sp else x2d.shape[0],
-                           w1c.shape, w2c.shape)
+        if ops is not TorchBackend and resolve(backend, dy2d) is TorchBackend:
+            ops = TorchBackend
         groups = (forward_groups and ops is forward_ops
                   and _in_groups(ops, tp, sp, overlap, dy2d, b1c, None))
         if groups:

@@ -320,9 +320,9 @@ def for_step(ops, rows: int, w1_shape, w2_shape):
     ``rows`` the rows they run over, gathered under sequence parallelism), AutoBackend would send
     none of them to cuBLAS, and CuteBackend runs the same kernels without asking per GEMM. The
     questions (four a step, and AutoBackend's workspace sizes) cost a host-bound step host time:
-    answered here once, the fused step at swiglu T=512 d=1024 h=2816 took 3.6-4.2% less of it
+    answered here once, the fused step at swiglu T=512 d=1024 h=2816 took 3.6-5.3% less of it
     (kernels stubbed as `bench host --stub` stubs them, launch groups replayed, 41 rounds
-    alternating with the per-GEMM questions, two runs; 2-core VM, 2026-12-06). ``w1_shape`` is
+    alternating with the per-GEMM questions, four runs; 2-core VM, 2026-12-06). ``w1_shape`` is
     fc1's [rows, in_features], ``w2_shape`` fc2's [out_features, hidden]."""
     if ops is AutoBackend:
         (features, d_in), (d_out, hidden) = w1_shape, w2_shape
