@@ -170,9 +170,6 @@ def measure(calls: int, profile: bool = False, out=print) -> dict:
         # backend="auto", as a user builds the layer: from its second call the module's forward
         # takes its fast lane to the fused function (ParallelMLP.forward)
         auto = ParallelMLP(D, H, activation=ACT, backend="auto", dtype=torch.bfloat16)
-        with torch.no_grad():
-            auto.fc1.weight.copy_(mlp.fc1.weight)
-            auto.fc2.weight.copy_(mlp.fc2.weight)
         x = torch.randn(T, D, dtype=torch.bfloat16, requires_grad=True)
         dy = torch.randn(T, D, dtype=torch.bfloat16)
         w1, w2 = mlp.fc1.weight, mlp.fc2.weight
