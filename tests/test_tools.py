@@ -1,6 +1,7 @@
 """tools/gpu_run.sh, the one-call GPU check: its step list and its refusal of unknown steps (the
 steps themselves need a GPU)."""
 
+import collections
 import contextlib
 import itertools
 import os
@@ -901,3 +902,49 @@ def test_overlap_steps_run_their_tests_and_configs():
             cfg = dataclasses.replace(key.config, **fields)
             schedules.add((cfg.tile_m, cfg.tile_n, cfg.consumers))
     assert schedules == {(192, 128, "cooperative"), (128, 128, "handoff")}
+
+
+def test_decision_cost_answers_every_decision_by_a_constant_and_restores_them(capsys):
+    """tools/decision_cost.py: inside its constant variant a stubbed fused step calls none of the
+    decisions it stands for (counted through wrappers put in place first), which are back in
+    place afterwards, where a step calls each of them again; a short run prints both variants."""
+    sys.path.insert(0, str(TOOLS))
+    try:
+        import decision_cost
+    finally:
+        sys.path.remove(str(TOOLS))
+    from parallel_mlp import autograd, backends
+    from parallel_mlp.bench.host_stub import launch_groups, stubbed_kernels
+    from parallel_mlp.layer import ParallelMLP
+
+    calls = collections.Counter()
+
+    def counting(name, fn):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    originals = {name: getattr(autograd, name) for name in decision_cost.DECISIONS}
+    with stubbed_kernels(), launch_groups(True):
+        mlp = ParallelMLP(64, 128, activation="swiglu", backend="cute", dtype=torch.bfloat16)
+        x = torch.randn(32, 64, dtype=torch.bfloat16, requires_grad=True)
+
+        def step():
+            mlp(x).sum().backward()
+
+        try:
+            for name, fn in originals.items():
+                setattr(autograd, name, counting(name, fn))
+            with decision_cost.constant_decisions(backends.CuteBackend):
+                step()
+                step()
+            assert not calls
+            step()
+            assert set(calls) == set(decision_cost.DECISIONS)
+        finally:
+            for name, fn in originals.items():
+                setattr(autograd, name, fn)
+    assert decision_cost.main(["--rounds", "2", "--steps", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "as_is" in out and "constant" in out and "paired median" in out
