@@ -13,7 +13,9 @@ epilogue option can pay (the default shapes); at a host-bound step both would re
 ``--where`` limits the fields to the configs whose fields already hold those values (e.g.
 ``consumers=pingpong``: one consumer schedule's configs; ``dact_prefetch=3``: the short-K dact's
 config alone); a config the fields make invalid (a three-slot preact ring in a pingpong config)
-stays as the rule has it. Compile
+stays as the rule has it. What is invalid only for an epilogue (stream-K, which the dact does not
+run) is refused when its kernel is built, which stops the run: keep the dact's configs out with
+``--where`` (its pingpong configs alone hold ``dact_prefetch=2``). Compile
 the option's kernels first (``python -m parallel_mlp.kernels.warmup --shapes ... --also FIELDS
 -j 16``), or the warm-up steps compile them one by one.
 
