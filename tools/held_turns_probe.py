@@ -148,7 +148,7 @@ def probe(shape, rounds: int) -> None:
           + ", ".join(f"{s}: {statistics.median(v):.3f}" for s, v in by_set.items() if v)
           + f"; calls over 2x the median {slow}/{total}; first-quarter median "
           + f"{statistics.median(t for times in calls for t in times[:int(len(times) * .25)] or [0]):.3f}")
-    print(f"  fused launch groups per turn: "
+    print("  fused launch groups per turn: "
           + ", ".join(f"{k} {v / rounds:.1f}" for k, v in sorted(counts.items())))
     print(f"  graphs kept {len(GRAPHS)}")
     for n, fn in fns.items():
