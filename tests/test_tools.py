@@ -3,6 +3,7 @@ steps themselves need a GPU)."""
 
 import collections
 import contextlib
+import dataclasses
 import itertools
 import os
 import re
@@ -948,3 +949,21 @@ def test_decision_cost_answers_every_decision_by_a_constant_and_restores_them(ca
     assert decision_cost.main(["--rounds", "2", "--steps", "2"]) == 0
     out = capsys.readouterr().out
     assert "as_is" in out and "constant" in out and "paired median" in out
+
+
+def test_every_config_field_and_tool_a_step_names_exists():
+    """A step that names a GemmConfig field since removed, or a tool since deleted, would fail
+    only on the GPU host, after a machine start: each --also / --where list of the steps parses
+    into GemmConfig's fields, and every tools/ script a step runs is in the folder."""
+    from parallel_mlp.kernels.config import GemmConfig, parse_fields
+
+    text = run("--list").stdout
+    specs = re.findall(r"--(?:also|where)[ =]([A-Za-z0-9_=,.]+)", text)
+    assert len(specs) > 20  # the config steps' columns
+    fields = {f.name for f in dataclasses.fields(GemmConfig)}
+    for spec in specs:
+        parsed = parse_fields(spec)
+        assert parsed and set(parsed) <= fields, spec
+    scripts = set(re.findall(r"tools/(\w+\.py)", text))
+    assert "host_bound_paths.py" in scripts
+    assert all((TOOLS / name).is_file() for name in scripts), scripts
