@@ -395,6 +395,31 @@ def test_the_summary_calls_a_shape_slower_only_beyond_the_rounds_interval():
             "0, a tie at 1, faster at 1") in text
     assert "faster: s1 (1.025x, 1.010-1.040)" in text
     assert "s2 (" not in text
+    assert "ours vs quack" not in text and "ours vs the GEMM bound, 95%" not in text
+
+
+def test_the_summary_judges_ours_against_quack_and_the_bound_by_the_interval_too():
+    """Six rounds: ours 2% faster than quack in every round is faster by its interval; against
+    the GEMM bound its rounds scatter on both sides of 1.0, a tie; s1 has no quack and only two
+    rounds of the bound, so it is in neither line."""
+    def holds(ratios):
+        return {"ms": 1.0, "holds_ms": [1.0 / r for r in ratios]}
+
+    one = {"ms": 1.0, "holds_ms": [1.0] * 6}
+    rows = [{"label": "s0", "variants": {"eager": one, "ours": one,
+                                         "quack": {"ms": 1.02, "holds_ms": [1.02] * 6},
+                                         "gemm_ceiling": {"ms": 1.0, "holds_ms":
+                                                          [0.98, 1.01, 0.99, 1.02, 1.0, 0.97]}}},
+            {"label": "s1", "variants": {"eager": {"ms": 1.0, "holds_ms": [1.0, 1.0]},
+                                         "ours": holds([0.5, 0.5]),
+                                         "gemm_ceiling": {"ms": 1.0, "holds_ms": [1.0, 1.0]}}}]
+    lines = sweep_report.intervals(rows)
+    assert ("  ours vs quack, 95% interval over the rounds, at 1 shapes: slower at 0, a tie at "
+            "0, faster at 1") in lines
+    assert "    faster: s0 (1.020x, 1.020-1.020)" in lines
+    assert ("  ours vs the GEMM bound, 95% interval over the rounds, at 1 shapes: slower at 0, "
+            "a tie at 1, faster at 0") in lines
+    assert not any("s1" in line for line in lines)
 
 
 def test_the_summary_names_shapes_whose_few_rounds_disagree():

@@ -150,26 +150,35 @@ def noise(rows: list[dict]) -> list[str]:
     return [f"  eager vs a second copy of itself (the timing's spread): {_spread(pairs)}"]
 
 
+# (baseline, variant, what the line calls the pair): the pairs intervals() judges. Eager's
+# second copy against eager checks the method; quack and the GEMM bound are the other two
+# baselines the targets name (ours at or above quack, ours at or below the bound).
+INTERVAL_PAIRS = (("eager", "ours", "ours vs eager"),
+                  ("eager", "eager_copy", "eager's second copy vs eager"),
+                  ("quack", "ours", "ours vs quack"),
+                  ("gemm_ceiling", "ours", "ours vs the GEMM bound"))
+
+
 def intervals(rows: list[dict]) -> list[str]:
     """Where a shape ran enough rounds for harness.ratio_interval (the host-bound steps' many
-    short turns; six or more): ours, and eager's second copy as the check of the method, against
-    eager, slower or faster only where the 95% interval of the paired median leaves out 1.0."""
+    short turns, or --rounds 6 and more): each pair of INTERVAL_PAIRS, the variant slower or
+    faster than its baseline only where the 95% interval of the paired median leaves out 1.0."""
     lines = []
-    for variant, label in (("ours", "ours"), ("eager_copy", "eager's second copy")):
+    for baseline, variant, label in INTERVAL_PAIRS:
         found = {"slower": [], "a tie": [], "faster": []}
         for r in rows:
             v = r["variants"]
-            interval = ratio_interval(v.get("eager"), v.get(variant))
+            interval = ratio_interval(v.get(baseline), v.get(variant))
             if interval is None:
                 continue
             lo, hi = interval
             verdict = "slower" if hi < 1.0 else "faster" if lo > 1.0 else "a tie"
-            found[verdict].append(f"{r['label']} ({ratio(v['eager'], v[variant]):.3f}x, "
+            found[verdict].append(f"{r['label']} ({ratio(v[baseline], v[variant]):.3f}x, "
                                   f"{lo:.3f}-{hi:.3f})")
         n = sum(len(x) for x in found.values())
         if not n:
             continue
-        lines.append(f"  {label} vs eager, 95% interval over the rounds, at {n} shapes: "
+        lines.append(f"  {label}, 95% interval over the rounds, at {n} shapes: "
                      + ", ".join(f"{verdict} at {len(x)}" for verdict, x in found.items()))
         lines += [f"    {verdict}: {cell}" for verdict in ("slower", "faster")
                   for cell in found[verdict]]
