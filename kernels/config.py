@@ -374,8 +374,9 @@ def pads_much_more(n: int, tile_n: int, limit: float) -> bool:
 
 
 def big_pingpong_config(m: int, n: int, num_sms: int = DEFAULT_NUM_SMS, kind: str = "store") -> GemmConfig:
-    """The pingpong config of a big GEMM (``is_big``): 2x1 cluster, walking groups of 8 cluster
-    rows (``with_raster``), one warpgroup's epilogue running under the other's mainloop.
+    """The pingpong config of a big GEMM (``is_big``): 2x1 cluster from PAIR_MIN_ROWS rows,
+    walking groups of 8 cluster rows (``with_raster``), one warpgroup's epilogue running under
+    the other's mainloop.
 
     Its warpgroup tile is 128x192 (192 accumulators per thread): with the 2x1 cluster, 0.0091
     operand elements read from L2 per MAC against 128x128's 0.0117. At the power cap the time of
@@ -394,7 +395,7 @@ def big_pingpong_config(m: int, n: int, num_sms: int = DEFAULT_NUM_SMS, kind: st
     dact = dict(dact_prefetch=2, epi_n=16) if kind == "dact" else {}
 
     def config(tn):
-        return GemmConfig(128, tn, 2 if m >= 2048 else 1, 1, 16, num_sms, consumers="pingpong",
+        return GemmConfig(128, tn, 2 if m >= PAIR_MIN_ROWS else 1, 1, 16, num_sms, consumers="pingpong",
                           l2_prefetch=kind == "accumulate", **dact)
 
     wide, narrow = config(192), config(128)
@@ -465,10 +466,16 @@ UNDERFILLED_STREAM_K_MIN_K = 32768
 # 0.889. From UNDERFILLED_STREAM_K_MIN_K up (the wgrads at T=65536), not timed: the default stays.
 WIDE_WAVES_MAX_SHARE = 0.8
 # 2x1 clusters (the pair shares its B tile through TMA multicast) for GEMMs of at least this many
-# rows. Held on an H200, 2026-12-01 (bench configs --T 1000 --d 5120 --h 10240 --act
-# gelu_tanh_approx --graphed 20 --hold-s 0.4 --only fc2,dx --also cluster_m=2): fc2 and dx,
-# 1000 x 5120 x 10240 in stream-K 128x256 tiles, 0.177 ms in 2x1 clusters against 0.193-0.194
-# in 1x1 (cuBLAS 0.162); from 2048 rows up 2x1 was the default before (T=8192 measurements).
+# rows, the big pingpong ones too. Held on an H200, 2026-12-01 (bench configs --T 1000 --d 5120
+# --h 10240 --act gelu_tanh_approx --graphed 20 --hold-s 0.4 --only fc2,dx --also cluster_m=2):
+# fc2 and dx, 1000 x 5120 x 10240 in stream-K 128x256 tiles, 0.177 ms in 2x1 clusters against
+# 0.193-0.194 in 1x1 (cuBLAS 0.162). Held 0.4 s x 4 on an H100, 2026-12-06 (bench configs --T
+# 1000 ... --only fc1,dpost --also cluster_m=2; benchmarks/h100-t1000-pairs.txt), the big
+# pingpong GEMMs at 1000 rows, 1x1 -> 2x1: gelu h=10240 fc1 + act 0.222 -> 0.180 ms, the dact
+# 0.230 -> 0.191 (cuBLAS's plain GEMM 0.16); swiglu d=4096 h=11008 fc1 + act 0.334 -> 0.277
+# (cuBLAS 0.295), the dact 0.194 -> 0.176; whole steps at T=1000 d=4096 swiglu 1.373 -> 1.310
+# ms, eager 1.49 in both runs (benchmarks/h100-sweep-t1000-pairs.json). Single CTAs read every
+# operand from L2 for themselves; 2048 rows had been the pingpong threshold (T=8192 measurements).
 PAIR_MIN_ROWS = 1000
 
 

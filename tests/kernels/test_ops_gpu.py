@@ -670,6 +670,47 @@ def test_default_big_gemm_act_and_recompute_bits(act, bias, shape):
         assert torch.equal(ops.gemm(x, w.t()), pre)
 
 
+# A big GEMM of few rows in 2x1 pingpong clusters (config.PAIR_MIN_ROWS): 9 tile rows, so the
+# last pair's second tile lies wholly past M; tails in M, N and K.
+BIG_PAIRED_FEW_ROWS = (1096, 4104, 7688)
+
+
+@pytest.mark.parametrize("act", ["swiglu", "gelu_tanh_approx"])
+def test_default_big_pingpong_pairs_at_few_rows(act):
+    """fc1 + act (and recompute's replay, bit for bit), a plain GEMM, fp32 accumulation and the
+    dact at the few-row big shape, each in the 2x1 pingpong config the rule gives it."""
+    from parallel_mlp.kernels import ops
+    from parallel_mlp.kernels.config import default_config
+
+    A = ACTIVATIONS[act]
+    m, k, n = BIG_PAIRED_FEW_ROWS
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for kind in ("act", "dact"):
+        cfg = default_config(m, n, k, sms, kind)
+        assert (cfg.consumers, cfg.cluster_m) == ("pingpong", 2), (kind, cfg)
+    x = operand(m, k, "row", torch.bfloat16, k ** -0.5)
+    w = operand(n, k, "row", torch.bfloat16)
+    pre, post = ops.gemm_act(x, w.t(), act)
+    ref_pre, lowp_pre = x.float() @ w.float().t(), x @ w.t()
+    check(pre, ref_pre, lowp_pre, f"{act} paired few-row preact")
+    check(post, A.forward(ref_pre), A.forward(lowp_pre), f"{act} paired few-row postact")
+    assert torch.equal(ops.gemm(x, w.t()), pre)
+    at = operand(m, k, "col", torch.bfloat16, k ** -0.5)
+    base = torch.randn(m, n, device="cuda")
+    acc = base.clone()
+    ops.gemm(at, w.t(), out=acc, accumulate=True)
+    check(acc, base + at.float() @ w.float().t(), base + (at @ w.t()).float(), "paired few-row accumulate")
+    width = 2 * n if A.gated else n
+    dy = operand(m, k, "row", torch.bfloat16, k ** -0.5)
+    w2 = operand(k, n, "row", torch.bfloat16)
+    preact = torch.randn(m, width, device="cuda").to(torch.bfloat16)
+    dpre, dpost_act = ops.gemm_dact(dy, w2, preact, act)
+    ref_dpre, ref_post = A.backward(preact.float(), dy.float() @ w2.float())
+    lowp_dpre, lowp_post = A.backward(preact, dy @ w2)
+    check(dpre, ref_dpre, lowp_dpre, f"{act} paired few-row dpreact")
+    check(dpost_act, ref_post, lowp_post, f"{act} paired few-row dact postact")
+
+
 # Below two waves of 128x256 tiles, where stream-K 128x256 tiles would pad N much more than 128
 # columns do (config.STREAM_K_WIDE_MAX_PAD): whole 128x128 tiles, tails in M, N and K
 NARROW_WHOLE = (4104, 8200, 1320)

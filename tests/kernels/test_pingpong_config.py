@@ -280,15 +280,16 @@ def test_default_config_is_cached():
 
 
 def test_128_wide_tiles_where_192_wide_waves_are_too_coarse():
-    """fc1 and the dact at T=1000, h=10240 (d=5120): 4 waves of 128x192 tiles against 5 of
-    128x128 on 132 SMs, so 128 wins even if 192 is 7% faster per tile; store and act agree (the
-    recompute replay of fc1 must give the forward's bits). At the MLP's big shapes 192 stays."""
+    """fc1 and the dact at T=1000, h=10240 (d=5120): 4 waves of 2x1 clusters of 128x192 tiles
+    against 5 of 128x128 on 132 SMs, so 128 wins even if 192 is 7% faster per tile; store and act
+    agree (the recompute replay of fc1 must give the forward's bits). At the MLP's big shapes 192
+    stays."""
     from parallel_mlp.kernels.config import NARROW_TILE_MIN_GAIN, WIDE_TILE_SPEEDUP, default_config
 
     assert 4 * 192 / WIDE_TILE_SPEEDUP >= NARROW_TILE_MIN_GAIN * 5 * 128
     for kind in ("act", "store", "dact"):
         cfg = default_config(1000, 10240, 5120, 132, kind)
-        assert (cfg.consumers, cfg.tile_n, cfg.cluster_m) == ("pingpong", 128, 1), kind
+        assert (cfg.consumers, cfg.tile_n, cfg.cluster_m) == ("pingpong", 128, 2), kind
     # 73 waves of 192 against 109 of 128 (fc1 at h=14336): 6% in 192's favour
     assert default_config(8192, 28672, 4096, 132, "act").tile_n == 192
     assert default_config(8192, 14336, 4096, 132, "dact").tile_n == 192
@@ -313,3 +314,22 @@ def test_handoff_refuses_other_tiles_and_the_dynamic_scheduler(fields):
 def test_handoff_has_no_stream_k():
     with pytest.raises(ValueError, match="stream-K needs consumers='cooperative'"):
         GemmConfig(128, 128, consumers="handoff", stream_k=True)
+
+
+@pytest.mark.parametrize("kind", ["store", "act", "dact"])
+def test_big_pingpong_pairs_ctas_from_pair_min_rows(kind):
+    """The big pingpong GEMMs run 2x1 clusters (B shared through multicast) from PAIR_MIN_ROWS
+    rows, as the smaller GEMMs do: at T=1000 fc1 + act and the dact had run 1x1 at 0.71-0.77x
+    cuBLAS's time (their operands read from L2 once per CTA). One row fewer stays 1x1."""
+    from parallel_mlp.kernels.config import PAIR_MIN_ROWS, default_config, is_big
+
+    checked = 0
+    for n, k in [(10240, 5120), (22016, 4096), (11008, 4096)]:
+        assert is_big(PAIR_MIN_ROWS - 1, n, 132)
+        paired = default_config(PAIR_MIN_ROWS, n, k, 132, kind)
+        alone = default_config(PAIR_MIN_ROWS - 1, n, k, 132, kind)
+        if paired.consumers != "pingpong":  # a store GEMM the stream-K rule takes
+            continue
+        assert (paired.cluster_m, alone.cluster_m) == (2, 1), (n, k, kind)
+        checked += 1
+    assert checked >= 2, kind
