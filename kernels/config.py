@@ -474,8 +474,8 @@ WIDE_WAVES_MAX_SHARE = 0.8
 # pingpong GEMMs at 1000 rows, 1x1 -> 2x1: gelu h=10240 fc1 + act 0.222 -> 0.180 ms, the dact
 # 0.230 -> 0.191 (cuBLAS's plain GEMM 0.16); swiglu d=4096 h=11008 fc1 + act 0.334 -> 0.277
 # (cuBLAS 0.295), the dact 0.194 -> 0.176; whole steps at T=1000 d=4096 swiglu 1.373 -> 1.310
-# ms, eager 1.49 in both runs (benchmarks/h100-sweep-t1000-pairs.json). Single CTAs read every
-# operand from L2 for themselves; 2048 rows had been the pingpong threshold (T=8192 measurements).
+# ms, eager 1.49 in both runs (benchmarks/h100-sweep-t1000-pairs.json): single CTAs read every
+# operand from L2 for themselves.
 PAIR_MIN_ROWS = 1000
 
 
