@@ -670,6 +670,21 @@ def test_default_big_gemm_act_and_recompute_bits(act, bias, shape):
         assert torch.equal(ops.gemm(x, w.t()), pre)
 
 
+def check_default_dact(shape, act, what):
+    """The dact (dy @ W2, then the activation's backward with preact) at shape (m, k, h), at the
+    config the default rule gives it, against the fp32 reference."""
+    from parallel_mlp.kernels import ops
+    from twins import dact_operands  # imports this module: here, once it is whole
+
+    A = ACTIVATIONS[act]
+    dy, w2, preact = dact_operands(shape, act)
+    dpre, post = ops.gemm_dact(dy, w2, preact, act)
+    ref_dpre, ref_post = A.backward(preact.float(), dy.float() @ w2.float())
+    lowp_dpre, lowp_post = A.backward(preact, dy @ w2)
+    check(dpre, ref_dpre, lowp_dpre, f"{act} {what} dpreact")
+    check(post, ref_post, lowp_post, f"{act} {what} dact postact")
+
+
 # A big GEMM of few rows in 2x1 pingpong clusters (config.PAIR_MIN_ROWS): 9 tile rows, so the
 # last pair's second tile lies wholly past M; tails in M, N and K.
 BIG_PAIRED_FEW_ROWS = (1096, 4104, 7688)
@@ -700,15 +715,7 @@ def test_default_big_pingpong_pairs_at_few_rows(act):
     acc = base.clone()
     ops.gemm(at, w.t(), out=acc, accumulate=True)
     check(acc, base + at.float() @ w.float().t(), base + (at @ w.t()).float(), "paired few-row accumulate")
-    width = 2 * n if A.gated else n
-    dy = operand(m, k, "row", torch.bfloat16, k ** -0.5)
-    w2 = operand(k, n, "row", torch.bfloat16)
-    preact = torch.randn(m, width, device="cuda").to(torch.bfloat16)
-    dpre, dpost_act = ops.gemm_dact(dy, w2, preact, act)
-    ref_dpre, ref_post = A.backward(preact.float(), dy.float() @ w2.float())
-    lowp_dpre, lowp_post = A.backward(preact, dy @ w2)
-    check(dpre, ref_dpre, lowp_dpre, f"{act} paired few-row dpreact")
-    check(dpost_act, ref_post, lowp_post, f"{act} paired few-row dact postact")
+    check_default_dact((m, k, n), act, "paired few-row")
 
 
 # Below two waves of 128x256 tiles, where stream-K 128x256 tiles would pad N much more than 128
@@ -746,19 +753,9 @@ def test_default_big_gemm_dact(act, shape, consumers):
     """The default big-shape dacts against the reference: pingpong (dpreact in place over its
     preact slots), at a short K cooperative 128x128 tiles, and at a narrow N from
     NARROW_COOPERATIVE_MIN_K cooperative 128x256 tiles."""
-    from parallel_mlp.kernels import ops
     from parallel_mlp.kernels.config import default_config
 
-    A = ACTIVATIONS[act]
     m, k, h = shape
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     assert default_config(m, h, k, sms, "dact").consumers == consumers
-    width = 2 * h if A.gated else h
-    dy = operand(m, k, "row", torch.bfloat16, k ** -0.5)
-    w2 = operand(k, h, "row", torch.bfloat16)
-    preact = torch.randn(m, width, device="cuda").to(torch.bfloat16)
-    dpre, post = ops.gemm_dact(dy, w2, preact, act)
-    ref_dpre, ref_post = A.backward(preact.float(), dy.float() @ w2.float())
-    lowp_dpre, lowp_post = A.backward(preact, dy @ w2)
-    check(dpre, ref_dpre, lowp_dpre, f"{act} default big dpreact")
-    check(post, ref_post, lowp_post, f"{act} default big postact")
+    check_default_dact(shape, act, "default big")
