@@ -319,8 +319,9 @@ def test_handoff_has_no_stream_k():
 @pytest.mark.parametrize("kind", ["store", "act", "dact"])
 def test_big_pingpong_pairs_ctas_from_pair_min_rows(kind):
     """The big pingpong GEMMs run 2x1 clusters (B shared through multicast) from PAIR_MIN_ROWS
-    rows, as the smaller GEMMs do: at T=1000 fc1 + act and the dact had run 1x1 at 0.71-0.77x
-    cuBLAS's time (their operands read from L2 once per CTA). One row fewer stays 1x1."""
+    rows, as the smaller GEMMs do: at T=1000 fc1 + act and the dact in 1x1 clusters ran at
+    0.71-0.89x cuBLAS's speed and 9-19% faster in 2x1 (benchmarks/h100-t1000-pairs.txt). One row
+    fewer stays 1x1."""
     from parallel_mlp.kernels.config import PAIR_MIN_ROWS, default_config, is_big
 
     checked = 0
