@@ -374,7 +374,7 @@ def with_parallel_mlp(layer_spec: ModuleSpec, pre_mlp_norm=None, **options) -> M
                              "is IdentityOp); pass pre_mlp_norm= to put a norm before our MLP")
         sub.pre_mlp_layernorm = pre_mlp_norm
         keys = dict(getattr(sub, "sharded_state_dict_keys_map", None) or {})
-        # TE's own op-fuser map names an mlp.* layout we no longer have; ours is Megatron's.
+        # TE's own op-fuser map names mlp.* keys of TE's fused layer; ours is Megatron's layout.
         keys = {k: v for k, v in keys.items() if not k.startswith("mlp.")}
         keys.update(_FUSED_NORM_KEYS)
         sub.sharded_state_dict_keys_map = keys
