@@ -477,6 +477,18 @@ WIDE_WAVES_MAX_SHARE = 0.8
 # ms, eager 1.49 in both runs (benchmarks/h100-sweep-t1000-pairs.json): single CTAs read every
 # operand from L2 for themselves.
 PAIR_MIN_ROWS = 1000
+# Below one wave of 128x256 tiles but at least this share of it, whole 128x256 tiles (2x1 clusters
+# from PAIR_MIN_ROWS rows) instead of two waves of 128x128 in 1x1 clusters: the same columns of
+# tile time, at half the L2 reads per output element. Held on an H100, 2026-12-06 (`bash
+# tools/gpu_run.sh configs_one_wave`, benchmarks/h100-one-wave.txt; 128 tiles of 128x256 on 132
+# SMs, graphed where short), x cuBLAS, 128x128 -> 128x256: fc2 and dx at T=512 d=8192 swiglu
+# h=2752 0.900 -> 0.969 and 0.794 -> 0.946 (1x1), at T=2048 d=2048 h=2816 0.776 -> 0.925 and
+# 0.741 -> 0.974, at T=1000 d=4096 h=11008 0.718 -> 0.985 and 0.696 -> 0.970, at T=4096 d=1024
+# gelu h=4096 0.796 -> 0.956 and 0.780 -> 0.972, that shape's wgrads += 0.858 -> 0.978 and 0.841
+# -> 0.996. Whole steps (bench sweep, held 6 turns, the same machine): T=2048 d=2048 swiglu 0.390
+# -> 0.364 ms (1.141x -> 1.221x eager), T=512 d=8192 swiglu 0.379 -> 0.373 (1.077x -> 1.090x).
+# Fills below 0.97 and the dact were not timed; K from UNDERFILLED_STREAM_K_MIN_K keeps its rule.
+ONE_WAVE_MIN_FILL = 0.9
 
 
 def cluster_waves(cfg: GemmConfig, m: int, n: int) -> tuple[int, int, int]:
@@ -620,6 +632,10 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
     against 0.028 (cuBLAS 0.007 and 0.013). The dact keeps 128x128 there: 128x64 ran 0.012 ms
     against 0.011.
 
+    Just under one wave of 128x256 tiles (ONE_WAVE_MIN_FILL of the grid or more; not the dact),
+    whole 128x256 tiles rather than two waves of 128x128: fc2 and dx at T=2048 d=2048 swiglu
+    h=2816, 0.74-0.78x cuBLAS -> 0.93-0.97x on an H100.
+
     Below two waves of 128x256 tiles, 128x128 tiles (whole or stream-K) and whole 128x256 tiles
     become whole 128x192 tiles where those run enough fewer waves (``with_fewer_waves``,
     WIDE_WAVES_MAX_SHARE: e.g. fc1 at T=512, d=1024, swiglu h=2816: one wave of 120 tiles
@@ -657,7 +673,8 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
                 and wave_columns(cooperative, m, n) <= wave_columns(pingpong, m, n)):
             return cooperative
         return pingpong
-    if n > 128 and waves(128, 256) >= 1:
+    if n > 128 and (waves(128, 256) >= 1 or (kind != "dact" and k < UNDERFILLED_STREAM_K_MIN_K
+                                              and waves(128, 256) >= ONE_WAVE_MIN_FILL)):
         return with_narrow_whole_tiles(with_fewer_waves(
             with_stream_k(GemmConfig(128, 256, cm, 1, 8, num_sms, l2_prefetch=pf), m, n, k, kind), m, n, k), n)
     if waves(128, 128) >= 1:

@@ -741,6 +741,45 @@ def test_default_narrow_whole_tiles_gemm_and_accumulate():
     check(ops.gemm(at, b), at.float() @ b.float(), at @ b, "narrow whole-tile gemm")
 
 
+# Just under one wave of 128x256 tiles (config.ONE_WAVE_MIN_FILL): whole 128x256 tiles, 2x1 from
+# PAIR_MIN_ROWS rows (8 x 16 tiles) and 1x1 below (4 x 32); tails in M, N and K.
+ONE_WAVE_PAIRED = (1000, 2760, 4000)  # (M, K, N)
+ONE_WAVE_SINGLE = (504, 1000, 8104)
+
+
+@pytest.mark.parametrize("shape,cluster_m", [(ONE_WAVE_PAIRED, 2), (ONE_WAVE_SINGLE, 1)],
+                         ids=["paired", "single"])
+def test_default_one_wave_whole_256_tiles(shape, cluster_m):
+    """A plain GEMM, fp32 accumulation and fc1 + act (with recompute's replay, bit for bit) at
+    the whole 128x256 config the rule gives a GEMM just under one wave of those tiles."""
+    from parallel_mlp.kernels import ops
+    from parallel_mlp.kernels.config import default_config
+
+    m, k, n = shape
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if sms != 132:
+        pytest.skip(f"the shapes fill 128 of 132 SMs' tiles; this GPU has {sms}")
+    for kind in ("store", "act", "accumulate"):
+        cfg = default_config(m, n, k, sms, kind)
+        assert (cfg.tile_n, cfg.cluster_m, cfg.stream_k) == (256, cluster_m, False), (kind, cfg)
+    a = operand(m, k, "row", torch.bfloat16, k ** -0.5)
+    b = operand(k, n, "col", torch.bfloat16)
+    check(ops.gemm(a, b), a.float() @ b.float(), a @ b, "one-wave gemm")
+    at = operand(m, k, "col", torch.bfloat16, k ** -0.5)  # the wgrad layout
+    base = torch.randn(m, n, device="cuda")
+    acc = base.clone()
+    ops.gemm(at, b, out=acc, accumulate=True)
+    ops.gemm(at, b, out=acc, accumulate=True)
+    check(acc, base + 2 * (at.float() @ b.float()), base + 2 * (at @ b).float(), "one-wave accumulate")
+    A = ACTIVATIONS["swiglu"]
+    w = operand(n, k, "row", torch.bfloat16)
+    pre, post = ops.gemm_act(a, w.t(), "swiglu")
+    ref_pre, lowp_pre = a.float() @ w.float().t(), a @ w.t()
+    check(pre, ref_pre, lowp_pre, "one-wave swiglu preact")
+    check(post, A.forward(ref_pre), A.forward(lowp_pre), "one-wave swiglu postact")
+    assert torch.equal(ops.gemm(a, w.t()), pre)
+
+
 # A big dact past SHORT_K_DACT_MAX_K (BIG_TAILED's K = 1000 takes the short-K cooperative tiles)
 BIG_DACT_PINGPONG = (4104, 2104, 4200)  # K rows 16-byte aligned, as TMA needs
 

@@ -297,9 +297,9 @@ def test_gemms_below_two_wide_waves_take_128x192_where_it_runs_fewer_waves():
     assert _picked(5632, 1024, 8192, "accumulate") == (128, 256, 2, "cooperative", True)
     assert _picked(1000, 5120, 10240, "store") == (128, 256, 2, "cooperative", True)
     # one wave of 128x128 already (the dact at T=512 d=1024), and 192 no fewer waves (fc2 at
-    # T=512 d=8192: 172 tiles of 192 against 256 of 128 in 2 waves either way)
+    # T=512 d=8192: 172 tiles of 192 against 128 of 256 in one wave, the one-wave rule's)
     assert _picked(512, 2816, 1024, "dact")[1] == 128
-    assert _picked(512, 8192, 2752, "store")[1] == 128
+    assert _picked(512, 8192, 2752, "store")[1] == 256
     # the wgrads at T=65536: not timed there, the long-K stream-K rules stay
     assert _picked(1408, 2048, 65536, "accumulate")[1] == 128
     # the rule itself, on the T=512 fc1: 2 waves of 128 columns against 1 of 192
@@ -307,6 +307,35 @@ def test_gemms_below_two_wide_waves_take_128x192_where_it_runs_fewer_waves():
     assert wave_columns(cfg, 512, 5632) == 256
     assert wave_columns(dataclasses.replace(cfg, tile_n=192), 512, 5632) == 192 <= WIDE_WAVES_MAX_SHARE * 256
     assert with_fewer_waves(cfg, 512, 5632, UNDERFILLED_STREAM_K_MIN_K) == cfg
+
+
+def test_gemms_just_under_one_wave_of_128x256_take_whole_128x256_tiles():
+    """ONE_WAVE_MIN_FILL: below one wave of 128x256 tiles but at least that share of it, whole
+    128x256 tiles (2x1 from PAIR_MIN_ROWS rows) instead of two waves of 128x128, for every kind
+    but the dact and below UNDERFILLED_STREAM_K_MIN_K. The GEMMs timed for the rule, on 132 SMs:
+    128 tiles of 128x256 each."""
+    from parallel_mlp.kernels.config import ONE_WAVE_MIN_FILL, UNDERFILLED_STREAM_K_MIN_K
+
+    whole_256 = (128, 256, 2, "cooperative", False)
+    # fc2 and dx at T=2048 d=2048 swiglu, T=1000 d=4096 swiglu and T=4096 d=1024 gelu, whose
+    # wgrads too; fc1 + act decides as its plain replay does
+    for m, n, k in [(2048, 2048, 2816), (2048, 2048, 5632), (1000, 4096, 11008), (1000, 4096, 22016),
+                    (4096, 1024, 4096)]:
+        assert _picked(m, n, k, "store") == whole_256, (m, n, k)
+        assert _picked(m, n, k, "act") == whole_256, (m, n, k)
+    assert _picked(1024, 4096, 4096, "accumulate") == whole_256
+    assert _picked(4096, 1024, 4096, "accumulate") == whole_256
+    # T=512 d=8192: fewer rows than PAIR_MIN_ROWS, 1x1
+    assert _picked(512, 8192, 2752, "store") == (128, 256, 1, "cooperative", False)
+    assert _picked(512, 8192, 5504, "store") == (128, 256, 1, "cooperative", False)
+    # the dact keeps 128x128; so does a K from UNDERFILLED_STREAM_K_MIN_K
+    assert _picked(2048, 2048, 2816, "dact")[1] == 128
+    assert _picked(1000, 4096, UNDERFILLED_STREAM_K_MIN_K, "store")[1] == 128
+    # the threshold: 128 and 119 of 132 SMs' tiles (0.97, 0.90) take 256; 112 (0.85) keeps 128,
+    # whose 224 tiles then run two waves all the same
+    assert 119 / 132 >= ONE_WAVE_MIN_FILL > 112 / 132
+    assert _picked(7 * 128, 17 * 256, 4096, "store")[1] == 256
+    assert _picked(7 * 128, 16 * 256, 4096, "store")[1] == 128
 
 
 def test_stream_k_128x256_takes_whole_128x128_tiles_where_256_columns_pad_n_much_more():
