@@ -395,7 +395,7 @@ def big_pingpong_config(m: int, n: int, num_sms: int = DEFAULT_NUM_SMS, kind: st
     dact = dict(dact_prefetch=2, epi_n=16) if kind == "dact" else {}
 
     def config(tn):
-        return GemmConfig(128, tn, 2 if m >= PAIR_MIN_ROWS else 1, 1, 16, num_sms, consumers="pingpong",
+        return GemmConfig(128, tn, cluster_rows(m), 1, 16, num_sms, consumers="pingpong",
                           l2_prefetch=kind == "accumulate", **dact)
 
     wide, narrow = config(192), config(128)
@@ -489,6 +489,11 @@ PAIR_MIN_ROWS = 1000
 # -> 0.364 ms (1.141x -> 1.221x eager), T=512 d=8192 swiglu 0.379 -> 0.373 (1.077x -> 1.090x).
 # Fills below 0.97 and the dact were not timed; K from UNDERFILLED_STREAM_K_MIN_K keeps its rule.
 ONE_WAVE_MIN_FILL = 0.9
+
+
+def cluster_rows(m: int) -> int:
+    """CTAs per cluster along M for an M-row GEMM: a 2x1 pair from PAIR_MIN_ROWS rows."""
+    return 2 if m >= PAIR_MIN_ROWS else 1
 
 
 def cluster_waves(cfg: GemmConfig, m: int, n: int) -> tuple[int, int, int]:
@@ -648,7 +653,7 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
         return tiles / num_sms
 
     pf = kind == "accumulate"
-    cm = 2 if m >= PAIR_MIN_ROWS else 1
+    cm = cluster_rows(m)
     if is_big(m, n, num_sms):
         # act takes the same choice as store: recompute replays fc1's act GEMM as a plain one
         # and relies on the same config giving the same bits.
@@ -673,8 +678,10 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
                 and wave_columns(cooperative, m, n) <= wave_columns(pingpong, m, n)):
             return cooperative
         return pingpong
-    if n > 128 and (waves(128, 256) >= 1 or (kind != "dact" and k < UNDERFILLED_STREAM_K_MIN_K
-                                              and waves(128, 256) >= ONE_WAVE_MIN_FILL)):
+    wide_waves = waves(128, 256)
+    just_under_one_wave = (kind != "dact" and k < UNDERFILLED_STREAM_K_MIN_K
+                           and wide_waves >= ONE_WAVE_MIN_FILL)
+    if n > 128 and (wide_waves >= 1 or just_under_one_wave):
         return with_narrow_whole_tiles(with_fewer_waves(
             with_stream_k(GemmConfig(128, 256, cm, 1, 8, num_sms, l2_prefetch=pf), m, n, k, kind), m, n, k), n)
     if waves(128, 128) >= 1:

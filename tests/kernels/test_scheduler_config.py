@@ -141,9 +141,10 @@ def test_the_default_shares_a_long_k_over_the_whole_grid_when_tiles_are_fewer_th
 def test_the_default_pairs_ctas_from_1000_rows():
     """128x256 cooperative tiles run in 2x1 clusters from PAIR_MIN_ROWS rows up (fc2 and dx at
     T=1000, d=5120, h=10240), in 1x1 below."""
-    from parallel_mlp.kernels.config import PAIR_MIN_ROWS, default_config
+    from parallel_mlp.kernels.config import PAIR_MIN_ROWS, cluster_rows, default_config
 
     assert PAIR_MIN_ROWS == 1000
+    assert (cluster_rows(PAIR_MIN_ROWS), cluster_rows(PAIR_MIN_ROWS - 1)) == (2, 1)
     cfg = default_config(1000, 5120, 10240)
     assert (cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.stream_k) == (128, 256, 2, True)
     small = default_config(999, 5120, 10240)
