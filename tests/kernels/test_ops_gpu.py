@@ -629,18 +629,40 @@ BIG_SHAPE_IDS = ["tailed", "long_k", "long_k_waves", "longer_k", "narrow_coop",
                                    BIG_NARROW_COOP, BIG_SK_OVER_PINGPONG], ids=BIG_SHAPE_IDS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_default_big_gemm_and_accumulate(dtype, shape):
+    check_default_gemm_and_accumulate(shape, dtype, "default big")
+
+
+def check_default_gemm_and_accumulate(shape, dtype, what):
+    """A plain GEMM (row-major A) and two fp32 accumulations in the wgrad layout (column-major
+    A) at shape (m, k, n), each at the config the default rule gives it."""
     from parallel_mlp.kernels import ops
 
     m, k, n = shape
     a = operand(m, k, "row", dtype, k ** -0.5)
     b = operand(k, n, "col", dtype)
-    check(ops.gemm(a, b), a.float() @ b.float(), a @ b, "default big gemm")
+    check(ops.gemm(a, b), a.float() @ b.float(), a @ b, f"{what} gemm")
     at = operand(m, k, "col", dtype, k ** -0.5)  # the wgrad layout
     base = torch.randn(m, n, device="cuda")
     acc = base.clone()
     ops.gemm(at, b, out=acc, accumulate=True)
     ops.gemm(at, b, out=acc, accumulate=True)
-    check(acc, base + 2 * (at.float() @ b.float()), base + 2 * (at @ b).float(), "default big accumulate")
+    check(acc, base + 2 * (at.float() @ b.float()), base + 2 * (at @ b).float(), f"{what} accumulate")
+
+
+def check_default_act_and_replay(shape, act, what):
+    """fc1 + act at shape (m, k, n) against the reference, and recompute's plain replay of fc1
+    bit for bit equal to its preact (both at the config the default rule gives them)."""
+    from parallel_mlp.kernels import ops
+
+    A = ACTIVATIONS[act]
+    m, k, n = shape
+    x = operand(m, k, "row", torch.bfloat16, k ** -0.5)
+    w = operand(n, k, "row", torch.bfloat16)
+    pre, post = ops.gemm_act(x, w.t(), act)
+    ref_pre, lowp_pre = x.float() @ w.float().t(), x @ w.t()
+    check(pre, ref_pre, lowp_pre, f"{act} {what} preact")
+    check(post, A.forward(ref_pre), A.forward(lowp_pre), f"{act} {what} postact")
+    assert torch.equal(ops.gemm(x, w.t()), pre)
 
 
 @pytest.mark.parametrize("shape", [BIG_TAILED, BIG_LONG_K, BIG_LONG_K_WAVES, BIG_LONGER_K,
@@ -697,20 +719,14 @@ def test_default_big_pingpong_pairs_at_few_rows(act):
     from parallel_mlp.kernels import ops
     from parallel_mlp.kernels.config import default_config
 
-    A = ACTIVATIONS[act]
     m, k, n = BIG_PAIRED_FEW_ROWS
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for kind in ("act", "dact"):
         cfg = default_config(m, n, k, sms, kind)
         assert (cfg.consumers, cfg.cluster_m) == ("pingpong", 2), (kind, cfg)
-    x = operand(m, k, "row", torch.bfloat16, k ** -0.5)
-    w = operand(n, k, "row", torch.bfloat16)
-    pre, post = ops.gemm_act(x, w.t(), act)
-    ref_pre, lowp_pre = x.float() @ w.float().t(), x @ w.t()
-    check(pre, ref_pre, lowp_pre, f"{act} paired few-row preact")
-    check(post, A.forward(ref_pre), A.forward(lowp_pre), f"{act} paired few-row postact")
-    assert torch.equal(ops.gemm(x, w.t()), pre)
+    check_default_act_and_replay(BIG_PAIRED_FEW_ROWS, act, "paired few-row")
     at = operand(m, k, "col", torch.bfloat16, k ** -0.5)
+    w = operand(n, k, "row", torch.bfloat16)
     base = torch.randn(m, n, device="cuda")
     acc = base.clone()
     ops.gemm(at, w.t(), out=acc, accumulate=True)
@@ -752,7 +768,6 @@ ONE_WAVE_SINGLE = (504, 1000, 8104)
 def test_default_one_wave_whole_256_tiles(shape, cluster_m):
     """A plain GEMM, fp32 accumulation and fc1 + act (with recompute's replay, bit for bit) at
     the whole 128x256 config the rule gives a GEMM just under one wave of those tiles."""
-    from parallel_mlp.kernels import ops
     from parallel_mlp.kernels.config import default_config
 
     m, k, n = shape
@@ -762,22 +777,8 @@ def test_default_one_wave_whole_256_tiles(shape, cluster_m):
     for kind in ("store", "act", "accumulate"):
         cfg = default_config(m, n, k, sms, kind)
         assert (cfg.tile_n, cfg.cluster_m, cfg.stream_k) == (256, cluster_m, False), (kind, cfg)
-    a = operand(m, k, "row", torch.bfloat16, k ** -0.5)
-    b = operand(k, n, "col", torch.bfloat16)
-    check(ops.gemm(a, b), a.float() @ b.float(), a @ b, "one-wave gemm")
-    at = operand(m, k, "col", torch.bfloat16, k ** -0.5)  # the wgrad layout
-    base = torch.randn(m, n, device="cuda")
-    acc = base.clone()
-    ops.gemm(at, b, out=acc, accumulate=True)
-    ops.gemm(at, b, out=acc, accumulate=True)
-    check(acc, base + 2 * (at.float() @ b.float()), base + 2 * (at @ b).float(), "one-wave accumulate")
-    A = ACTIVATIONS["swiglu"]
-    w = operand(n, k, "row", torch.bfloat16)
-    pre, post = ops.gemm_act(a, w.t(), "swiglu")
-    ref_pre, lowp_pre = a.float() @ w.float().t(), a @ w.t()
-    check(pre, ref_pre, lowp_pre, "one-wave swiglu preact")
-    check(post, A.forward(ref_pre), A.forward(lowp_pre), "one-wave swiglu postact")
-    assert torch.equal(ops.gemm(a, w.t()), pre)
+    check_default_gemm_and_accumulate(shape, torch.bfloat16, "one-wave")
+    check_default_act_and_replay(shape, "swiglu", "one-wave")
 
 
 # A big dact past SHORT_K_DACT_MAX_K (BIG_TAILED's K = 1000 takes the short-K cooperative tiles)
