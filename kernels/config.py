@@ -488,6 +488,9 @@ PAIR_MIN_ROWS = 1000
 # -> 0.996. Whole steps (bench sweep, held 6 turns, the same machine): T=2048 d=2048 swiglu 0.390
 # -> 0.364 ms (1.141x -> 1.221x eager), T=512 d=8192 swiglu 0.379 -> 0.373 (1.077x -> 1.090x).
 # Fills below 0.97 and the dact were not timed; K from UNDERFILLED_STREAM_K_MIN_K keeps its rule.
+# Below PAIR_MIN_ROWS these tiles pair (2x1) too where their rows come in pairs (an odd one would
+# pad a cluster): at T=512 d=8192 fc2 and dx read 0.985 and 0.984x cuBLAS in 2x1 against 0.969
+# and 0.946 in 1x1, the same run; 128x128 tiles at that T had gained nothing from pairs.
 ONE_WAVE_MIN_FILL = 0.9
 
 
@@ -638,8 +641,9 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
     against 0.011.
 
     Just under one wave of 128x256 tiles (ONE_WAVE_MIN_FILL of the grid or more; not the dact),
-    whole 128x256 tiles rather than two waves of 128x128: fc2 and dx at T=2048 d=2048 swiglu
-    h=2816, 0.74-0.78x cuBLAS -> 0.93-0.97x on an H100.
+    whole 128x256 tiles rather than two waves of 128x128, in 2x1 clusters at any row count where
+    the tile rows pair up: fc2 and dx at T=2048 d=2048 swiglu h=2816, 0.74-0.78x cuBLAS ->
+    0.93-0.97x on an H100.
 
     Below two waves of 128x256 tiles, 128x128 tiles (whole or stream-K) and whole 128x256 tiles
     become whole 128x192 tiles where those run enough fewer waves (``with_fewer_waves``,
@@ -681,6 +685,8 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
     wide_waves = waves(128, 256)
     just_under_one_wave = (kind != "dact" and k < UNDERFILLED_STREAM_K_MIN_K
                            and wide_waves >= ONE_WAVE_MIN_FILL)
+    if just_under_one_wave and wide_waves < 1 and -(-m // 128) % 2 == 0:
+        cm = 2  # ONE_WAVE_MIN_FILL's pairs below PAIR_MIN_ROWS
     if n > 128 and (wide_waves >= 1 or just_under_one_wave):
         return with_narrow_whole_tiles(with_fewer_waves(
             with_stream_k(GemmConfig(128, 256, cm, 1, 8, num_sms, l2_prefetch=pf), m, n, k, kind), m, n, k), n)

@@ -312,7 +312,7 @@ def test_gemms_below_two_wide_waves_take_128x192_where_it_runs_fewer_waves():
 
 def test_gemms_just_under_one_wave_of_128x256_take_whole_128x256_tiles():
     """ONE_WAVE_MIN_FILL: below one wave of 128x256 tiles but at least that share of it, whole
-    128x256 tiles (2x1 from PAIR_MIN_ROWS rows) instead of two waves of 128x128, for every kind
+    128x256 tiles (2x1 where the tile rows pair up) instead of two waves of 128x128, for every kind
     but the dact and below UNDERFILLED_STREAM_K_MIN_K. The GEMMs timed for the rule, on 132 SMs:
     128 tiles of 128x256 each."""
     from parallel_mlp.kernels.config import ONE_WAVE_MIN_FILL, UNDERFILLED_STREAM_K_MIN_K
@@ -326,9 +326,11 @@ def test_gemms_just_under_one_wave_of_128x256_take_whole_128x256_tiles():
         assert _picked(m, n, k, "act") == whole_256, (m, n, k)
     assert _picked(1024, 4096, 4096, "accumulate") == whole_256
     assert _picked(4096, 1024, 4096, "accumulate") == whole_256
-    # T=512 d=8192: fewer rows than PAIR_MIN_ROWS, 1x1
-    assert _picked(512, 8192, 2752, "store") == (128, 256, 1, "cooperative", False)
-    assert _picked(512, 8192, 5504, "store") == (128, 256, 1, "cooperative", False)
+    # fewer rows than PAIR_MIN_ROWS: 2x1 all the same where the tile rows pair up (T=512 d=8192,
+    # 4 x 32 tiles), 1x1 where an odd one would pad a cluster (5 x 24 tiles)
+    assert _picked(512, 8192, 2752, "store") == whole_256
+    assert _picked(512, 8192, 5504, "act") == whole_256
+    assert _picked(5 * 128 - 8, 24 * 256 - 8, 1000, "store") == (128, 256, 1, "cooperative", False)
     # the dact keeps 128x128; so does a K from UNDERFILLED_STREAM_K_MIN_K
     assert _picked(2048, 2048, 2816, "dact")[1] == 128
     assert _picked(1000, 4096, UNDERFILLED_STREAM_K_MIN_K, "store")[1] == 128
