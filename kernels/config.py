@@ -494,9 +494,10 @@ PAIR_MIN_ROWS = 1000
 ONE_WAVE_MIN_FILL = 0.9
 
 
-def cluster_rows(m: int) -> int:
-    """CTAs per cluster along M for an M-row GEMM: a 2x1 pair from PAIR_MIN_ROWS rows."""
-    return 2 if m >= PAIR_MIN_ROWS else 1
+def cluster_rows(m: int, one_wave: bool = False) -> int:
+    """CTAs per cluster along M for an M-row GEMM: a 2x1 pair from PAIR_MIN_ROWS rows, and below
+    that for tiles under one wave (ONE_WAVE_MIN_FILL) whose 128-row tiles come in pairs."""
+    return 2 if m >= PAIR_MIN_ROWS or (one_wave and -(-m // 128) % 2 == 0) else 1
 
 
 def cluster_waves(cfg: GemmConfig, m: int, n: int) -> tuple[int, int, int]:
@@ -685,9 +686,8 @@ def default_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, kind:
     wide_waves = waves(128, 256)
     just_under_one_wave = (kind != "dact" and k < UNDERFILLED_STREAM_K_MIN_K
                            and wide_waves >= ONE_WAVE_MIN_FILL)
-    if just_under_one_wave and wide_waves < 1 and -(-m // 128) % 2 == 0:
-        cm = 2  # ONE_WAVE_MIN_FILL's pairs below PAIR_MIN_ROWS
     if n > 128 and (wide_waves >= 1 or just_under_one_wave):
+        cm = cluster_rows(m, one_wave=wide_waves < 1)
         return with_narrow_whole_tiles(with_fewer_waves(
             with_stream_k(GemmConfig(128, 256, cm, 1, 8, num_sms, l2_prefetch=pf), m, n, k, kind), m, n, k), n)
     if waves(128, 128) >= 1:

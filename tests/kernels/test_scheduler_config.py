@@ -145,6 +145,8 @@ def test_the_default_pairs_ctas_from_1000_rows():
 
     assert PAIR_MIN_ROWS == 1000
     assert (cluster_rows(PAIR_MIN_ROWS), cluster_rows(PAIR_MIN_ROWS - 1)) == (2, 1)
+    # under one wave of tiles, pairs below PAIR_MIN_ROWS too where the 128-row tiles pair up
+    assert (cluster_rows(512, one_wave=True), cluster_rows(640, one_wave=True), cluster_rows(512)) == (2, 1, 1)
     cfg = default_config(1000, 5120, 10240)
     assert (cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.stream_k) == (128, 256, 2, True)
     small = default_config(999, 5120, 10240)
