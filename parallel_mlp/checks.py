@@ -24,6 +24,18 @@ def require_divisible(name: str, value: int, tp_size: int) -> None:
         )
 
 
+def require_float_dtype(name: str, dtype) -> None:
+    """None (torch's default dtype) or a real floating-point torch.dtype."""
+    if dtype is None:
+        return
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"{name} must be a torch.dtype or None, got {type(dtype).__name__} "
+                        f"({dtype!r})")
+    if not dtype.is_floating_point:
+        raise ValueError(f"{name} must be a floating-point dtype (parameters are trained), got "
+                         f"{dtype}")
+
+
 def require_tensor(name: str, t, optional: bool = False) -> None:
     if t is None and optional:
         return

@@ -49,6 +49,7 @@ from torch.distributed.checkpoint import state_dict as dsd
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
+from .checkpoint import check_local_state_dict
 from .tp import TPGroup
 
 __all__ = ["get_model_state_dict", "get_optimizer_state_dict", "get_state_dict",
@@ -219,13 +220,21 @@ def get_state_dict(model: nn.Module, optimizers, *, options=None) -> tuple[dict,
     return _map_model(model_sd, shards, views), _map_optim(optim_sd, shards, views)
 
 
+def _checked(model: nn.Module, model_state_dict: dict) -> dict:
+    """The model state dict as DSD's set functions take it, every entry that names one of the
+    model's tensors checked first (TP entries against the shard, the rest for shape and values):
+    torch's load writes each entry that fits before it reports the others."""
+    local = _map_model(model_state_dict, _tp_shards(model), _local)
+    check_local_state_dict(model, local, strict=False, assign=False)
+    return local
+
+
 def set_model_state_dict(model: nn.Module, model_state_dict: dict, *, options=None):
     """DSD's ``set_model_state_dict``; TP entries may be our views (or any DTensor of the same
-    global shape and placement) or local shards. Every TP entry is checked before anything is
-    written."""
+    global shape and placement) or local shards. Every entry is checked before anything is
+    written (:func:`_checked`)."""
     _check_options(options)
-    return dsd.set_model_state_dict(
-        model, _map_model(model_state_dict, _tp_shards(model), _local), options=options)
+    return dsd.set_model_state_dict(model, _checked(model, model_state_dict), options=options)
 
 
 def set_optimizer_state_dict(model: nn.Module, optimizers, optim_state_dict: dict, *,
@@ -243,6 +252,6 @@ def set_state_dict(model: nn.Module, optimizers, *, model_state_dict: dict,
     _check_options(options)
     shards = _tp_shards(model)
     return dsd.set_state_dict(model, optimizers,
-                              model_state_dict=_map_model(model_state_dict, shards, _local),
+                              model_state_dict=_checked(model, model_state_dict),
                               optim_state_dict=_map_optim(optim_state_dict, shards, _local),
                               options=options)

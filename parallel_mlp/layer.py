@@ -15,7 +15,7 @@ from .activations import get_activation
 from .autograd import FunctionOptions, ParallelMLPFunction, apply_function, replays_launches
 from .backends import check_backend_name
 from .checks import (check_sequence_parallel_input, check_shards, plainly_valid,
-                     require_divisible, require_positive_int)
+                     require_divisible, require_float_dtype, require_positive_int)
 from .params import set_muon_hooks, set_tp_metadata
 from . import small_step
 from .tp import TPGroup, all_gather_objects, resolve_group
@@ -174,12 +174,13 @@ def default_hidden_features(in_features: int, gated: bool) -> int:
     return int(8 / 3 * in_features) if gated else 4 * in_features
 
 
-class _TPShard(nn.Module):
+class TPShard(nn.Module):
     """A shard module whose parameters carry their TP metadata (and Muon hooks) whatever replaces
     them: ``to_empty()`` after meta-device construction, ``.to()`` across device types and
     ``load_state_dict(assign=True)`` all put new Parameter objects in place (with
     ``torch.__future__``'s swap-on-conversion too, the object is kept but its attributes are
-    swapped out), and those know nothing of the attributes set on the old ones."""
+    swapped out), and so does ``copy.deepcopy``; those know nothing of the attributes set on the
+    old ones."""
 
     def _tag_parameters(self) -> None:
         raise NotImplementedError
@@ -193,8 +194,14 @@ class _TPShard(nn.Module):
         super()._load_from_state_dict(*args, **kwargs)
         self._tag_parameters()
 
+    def __setstate__(self, state):
+        # copy.deepcopy builds new Parameters without the old ones' attributes (unpickling
+        # keeps them; tagging again changes nothing there).
+        super().__setstate__(state)
+        self._tag_parameters()
 
-class ColumnParallelShard(_TPShard):
+
+class ColumnParallelShard(TPShard):
     """fc1's shard: rows ``[r*F/p, (r+1)*F/p)`` of the global ``[F, in]`` weight (and bias);
     ``gated``: interleaved gate/up rows, exposed to Muon as separate matrices."""
 
@@ -214,7 +221,7 @@ class ColumnParallelShard(_TPShard):
             set_muon_hooks(self.weight)
 
 
-class RowParallelShard(_TPShard):
+class RowParallelShard(TPShard):
     """fc2's shard: columns ``[r*h/p, (r+1)*h/p)`` of the global ``[out, h]`` weight; the bias is
     replicated on every rank and added once, after the all-reduce."""
 
@@ -235,7 +242,7 @@ class RowParallelShard(_TPShard):
                             sequence_parallel=self.sequence_parallel)
 
 
-class ParallelMLP(nn.Module):
+class ParallelMLP(checkpoint.ChecksBeforeLoading, nn.Module):
     """A Megatron-style tensor-parallel MLP: ``fc2(act(fc1(x)))`` split over the ranks of
     ``tp_group``.
 
@@ -264,6 +271,7 @@ class ParallelMLP(nn.Module):
         require_positive_int("out_features", out_features)
         check_backend_name(backend)
         overlap_mod.check_option(tp_comm_overlap)
+        require_float_dtype("dtype", dtype)
 
         self.tp = resolve_group(tp_group)
         require_divisible("hidden_features", hidden_features, self.tp.size)
@@ -412,6 +420,10 @@ class ParallelMLP(nn.Module):
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Global (unsharded) weights on every rank; collective over the TP group."""
         return checkpoint.gather_full_state_dict(self)
+
+    def global_layout(self) -> dict:
+        """Each state-dict key's global shape and the dim its shards split (None: replicated)."""
+        return checkpoint.global_layout(self)
 
     def load_full_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Take this rank's slice of global weights (from any TP size); checks everything first,

@@ -42,6 +42,9 @@ def resolve_group(tp_group: dist.ProcessGroup | None) -> TPGroup:
         if not (dist.is_available() and dist.is_initialized()):
             return TPGroup(None, 1, 0)
         tp_group = dist.group.WORLD
+    elif not (dist.is_available() and isinstance(tp_group, dist.ProcessGroup)):
+        raise TypeError(f"tp_group must be a torch.distributed ProcessGroup or None, got "
+                        f"{type(tp_group).__name__} ({tp_group!r})")
     size = dist.get_world_size(tp_group)
     rank = dist.get_rank(tp_group)
     return TPGroup(tp_group if size > 1 else None, size, rank)

@@ -66,6 +66,11 @@ def _bad_state_dicts(good):
     wrong_shape = dict(good, **{"fc2.weight": torch.zeros(D, H + 1)})
     non_gated = dict(good, **{"fc1.weight": torch.zeros(H, D), "fc1.bias": torch.zeros(H)})
     not_float = dict(good, **{"fc2.bias": torch.zeros(D, dtype=torch.int64)})
+    # fc2.bias comes last in the module's order: a check that waited for the copy would have
+    # written the other three by then
+    on_meta = dict(good, **{"fc2.bias": torch.empty(D, device="meta")})
+    sparse = dict(good, **{"fc2.bias": torch.randn(D).to_sparse()})
+    scalar = dict(good, **{"fc1.weight": torch.tensor(1.0)})
     return [
         (missing, ValueError, r"missing keys \['fc2.bias'\]"),
         (extra, ValueError, r"unexpected keys \['fc3.weight'\]"),
@@ -73,10 +78,13 @@ def _bad_state_dicts(good):
         (non_gated, ValueError, r"looks like a non-gated fc1"),
         (not_float, TypeError, r"must be floating point"),
         ([1, 2], TypeError, r"state_dict must be a dict"),
+        (on_meta, ValueError, r"'fc2.bias'\] is on the meta device and holds no values"),
+        (sparse, TypeError, r"'fc2.bias'\] must be a dense \(strided\) tensor, got layout torch.sparse_coo"),
+        (scalar, ValueError, r"'fc1.weight'\] has shape \(\), expected the global shape \(48, 16\)$"),
     ]
 
 
-@pytest.mark.parametrize("case", range(6))
+@pytest.mark.parametrize("case", range(9))
 def test_bad_state_dict_raises_and_changes_nothing(case):
     mlp = make()
     good = {k: torch.randn_like(v) for k, v in mlp.full_state_dict().items()}
@@ -93,3 +101,68 @@ def test_gated_checkpoint_into_non_gated_module():
     plain = make("gelu_tanh_approx")
     with pytest.raises(ValueError, match="looks like a gated fc1"):
         plain.load_full_state_dict(gated)
+
+
+def test_loading_into_a_module_still_on_meta_is_refused():
+    good = make().full_state_dict()
+    with pytest.raises(ValueError, match=r"on the meta device, where a load writes nothing"):
+        make(device="meta").load_full_state_dict(good)
+
+
+def _local_bad_state_dicts(good):
+    """load_state_dict's (this rank's shards) counterparts of _bad_state_dicts."""
+    cases = _bad_state_dicts(good)[:3] + _bad_state_dicts(good)[6:]
+    local = []
+    for sd, exc, msg in cases:
+        msg = msg.replace("expected the global shape", "expected this rank's shape")
+        msg = msg.replace("does not fit this ParallelMLP:", r"does not fit this ParallelMLP \(strict=True\):")
+        local.append((sd, exc, msg))
+    return local
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_load_state_dict_checks_everything_before_writing(case):
+    """torch's load_state_dict writes each entry that fits and reports the rest at the end; the
+    module's checks every entry first, so a bad one leaves all four parameters as they were."""
+    mlp = make()
+    good = {k: torch.randn_like(v) for k, v in mlp.state_dict().items()}
+    before = {k: v.clone() for k, v in mlp.state_dict().items()}
+    sd, exc, msg = _local_bad_state_dicts(good)[case]
+    with pytest.raises(exc, match=msg):
+        mlp.load_state_dict(sd)
+    for k, v in mlp.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
+def test_load_state_dict_still_loads_what_fits():
+    mlp = make()
+    good = {k: torch.randn_like(v) for k, v in mlp.state_dict().items()}
+    mlp.load_state_dict(good)
+    assert all(torch.equal(v, good[k]) for k, v in mlp.state_dict().items())
+    partial = {"fc1.weight": torch.randn_like(good["fc1.weight"]), "extra": torch.zeros(1)}
+    result = mlp.load_state_dict(partial, strict=False)
+    assert result.unexpected_keys == ["extra"] and "fc2.weight" in result.missing_keys
+    assert torch.equal(mlp.fc1.weight, partial["fc1.weight"])
+    assert torch.equal(mlp.fc2.weight, good["fc2.weight"])
+    fresh = {k: torch.randn_like(v) for k, v in good.items()}
+    mlp.load_state_dict(fresh, assign=True)
+    assert all(mlp.state_dict()[k].data_ptr() == fresh[k].data_ptr() for k in fresh)
+    assert mlp.fc1.weight.partition_dim == 0  # the assigned tensors are tagged too
+
+
+def _shard_and_global_mixed_up(rank, world):
+    mlp = make()
+    full, local = mlp.full_state_dict(), mlp.state_dict()
+    before = {k: v.clone() for k, v in local.items()}
+    with pytest.raises(ValueError, match=r"'fc1.weight'\] has shape \(24, 16\), expected the global "
+                                         r"shape \(48, 16\) \(this rank's shard shape at TP=2"):
+        mlp.load_full_state_dict(local)
+    with pytest.raises(ValueError, match=r"'fc1.weight'\] has shape \(48, 16\), expected this rank's "
+                                         r"shape \(24, 16\) \(the global shape: load_state_dict"):
+        mlp.load_state_dict(full)
+    for k, v in mlp.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
+def test_a_shard_given_for_global_tensors_and_the_reverse_are_named():
+    run_distributed(2, _shard_and_global_mixed_up)

@@ -154,3 +154,22 @@ def test_full_state_dict_options_are_refused():
         with pytest.raises(ValueError, match="full_state_dict / broadcast_from_rank0 are not "
                                              "supported"):
             pdcp.get_state_dict(model, opt, options=options)
+
+
+def _a_bad_replicated_entry_changes_nothing(rank, world):
+    model, opt = build(seed=0)
+    kept = {k: v.clone() for k, v in model.state_dict().items()}
+    bad = pdcp.get_model_state_dict(build(seed=3)[0])  # fits everywhere ...
+    bad["1.fc2.bias"] = torch.zeros(D + 1)  # ... but fc2's replicated bias, last in the order
+    with pytest.raises(ValueError, match=r"state_dict\['1.fc2.bias'\] has shape \(17,\), expected "
+                                         r"this rank's shape \(16,\)"):
+        pdcp.set_model_state_dict(model, bad)
+    with pytest.raises(ValueError, match=r"'1.fc2.bias'"):
+        pdcp.set_state_dict(model, opt, model_state_dict=bad,
+                            optim_state_dict=pdcp.get_optimizer_state_dict(model, opt))
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, kept[k]), k
+
+
+def test_a_bad_replicated_entry_changes_nothing():
+    run_distributed(2, _a_bad_replicated_entry_changes_nothing)

@@ -23,6 +23,13 @@ def test_unknown_backend():
     (dict(in_features=8, hidden_features=-4), ValueError, r"hidden_features must be positive"),
     (dict(in_features=8, out_features=0), ValueError, r"out_features must be positive"),
     (dict(in_features=8, multiple_of=0), ValueError, r"multiple_of must be positive"),
+    (dict(in_features=8, dtype=torch.int32), ValueError,
+     r"dtype must be a floating-point dtype .*got torch.int32"),
+    (dict(in_features=8, dtype=torch.complex64), ValueError,
+     r"dtype must be a floating-point dtype .*got torch.complex64"),
+    (dict(in_features=8, dtype="bfloat16"), TypeError, r"dtype must be a torch.dtype or None, got str"),
+    (dict(in_features=8, tp_group="tp"), TypeError,
+     r"tp_group must be a torch.distributed ProcessGroup or None, got str"),
 ])
 def test_bad_sizes(kw, exc, msg):
     with pytest.raises(exc, match=msg):

@@ -1,5 +1,7 @@
 """TP metadata on the parameters and the Muon gate/up hooks."""
 
+import copy
+
 import torch
 
 from dist_utils import run_distributed
@@ -21,6 +23,21 @@ def test_megatron_metadata():
     sp = ParallelMLP(8, 16, activation="swiglu", bias1=True, bias2=True, sequence_parallel=True)
     assert sp.fc2.bias.sequence_parallel is True
     assert not hasattr(sp.fc1.bias, "sequence_parallel")  # split, not replicated
+
+
+def _metadata(p):
+    return {k: v for k, v in vars(p).items() if not k.startswith("_") or k == "_muon_reshape_functions"}
+
+
+def test_a_deep_copy_keeps_the_metadata():
+    """copy.deepcopy (an EMA or reference model) makes new Parameters, which Parameter's own
+    deepcopy leaves without attributes: the shards tag them again."""
+    mlp = ParallelMLP(8, 16, activation="swiglu", bias1=True, bias2=True, sequence_parallel=True)
+    twin = copy.deepcopy(mlp)
+    for (name, p), q in zip(mlp.named_parameters(), twin.parameters()):
+        assert q is not p and torch.equal(q, p)
+        assert _metadata(q) == _metadata(p) and _metadata(p), name
+    assert twin.fc2.bias.sequence_parallel is True
 
 
 def test_non_gated_fc1_has_no_muon_hook():

@@ -32,6 +32,7 @@ from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
 from ..activations import get_activation
 from ..checks import require_divisible
+from ..checkpoint import ChecksBeforeLoading
 from ..layer import ColumnParallelShard, RowParallelShard, parallel_mlp_func
 from ..overlap import check_option as check_overlap_option
 from ..tp import TPGroup, resolve_group
@@ -130,7 +131,7 @@ def _tp_group(tp_group):
     return None
 
 
-class MegatronParallelMLP(MegatronModule):
+class MegatronParallelMLP(ChecksBeforeLoading, MegatronModule):
     """``megatron.core.transformer.mlp.MLP``'s contract, on parallel_mlp's fused layer.
 
     Reads from the ``TransformerConfig``: ``hidden_size``, ``ffn_hidden_size``,

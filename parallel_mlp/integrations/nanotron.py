@@ -41,7 +41,8 @@ from torch import nn
 
 from ..activations import get_activation
 from ..checks import require_divisible
-from ..layer import parallel_mlp_func
+from ..checkpoint import ChecksBeforeLoading
+from ..layer import TPShard, parallel_mlp_func
 from ..overlap import check_option as check_overlap_option
 from ..params import set_muon_hooks, set_tp_metadata
 from ..tp import resolve_group
@@ -72,27 +73,36 @@ def _sharded(param: torch.Tensor, tp_pg, pairs, unsharded_shape) -> nn.Parameter
                                     unsharded_shape=tuple(int(s) for s in unsharded_shape))
 
 
-class _GateUp(nn.Module):
+class _GateUp(TPShard):
     """fc1's shard, interleaved (gate unit i at row 2i), under Nanotron's module name."""
 
     def __init__(self, param: nn.Parameter):
         super().__init__()
         self.register_parameter(GATE_UP_PARAM, param)
+        self._tag_parameters()
+
+    def _tag_parameters(self) -> None:
+        set_tp_metadata(self.weight, partition_dim=0)
+        set_muon_hooks(self.weight)
 
     @property
     def weight(self) -> torch.Tensor:
         return getattr(self, GATE_UP_PARAM)
 
 
-class _Down(nn.Module):
+class _Down(TPShard):
     """fc2's shard: columns ``[r*I/p, (r+1)*I/p)`` of ``down_proj``, Nanotron's name and layout."""
 
     def __init__(self, param: nn.Parameter):
         super().__init__()
         self.weight = param
+        self._tag_parameters()
+
+    def _tag_parameters(self) -> None:
+        set_tp_metadata(self.weight, partition_dim=1)
 
 
-class NanotronParallelMLP(nn.Module):
+class NanotronParallelMLP(ChecksBeforeLoading, nn.Module):
     """``nanotron.models.llama.MLP(config, parallel_config, tp_pg)`` on parallel_mlp's layer.
 
     Reads ``config.hidden_size``, ``config.intermediate_size`` and ``config.hidden_act`` (HF
@@ -136,9 +146,6 @@ class NanotronParallelMLP(nn.Module):
         down = _sharded(nn.Parameter(torch.empty(hidden, n, **kw)), tp_pg, [
             ((everything, everything), (everything, slice(r * n, (r + 1) * n))),
         ], (hidden, inter))
-        set_tp_metadata(gate_up, partition_dim=0)
-        set_tp_metadata(down, partition_dim=1)
-        set_muon_hooks(gate_up)
         self.gate_up_proj = _GateUp(gate_up)
         self.down_proj = _Down(down)
         if gate_up.device.type != "meta":

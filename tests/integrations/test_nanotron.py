@@ -283,6 +283,54 @@ def test_parameters_are_marked_for_nanotron():
         NanotronParallelMLP(configs("quick_gelu")[0], parallel, None)
 
 
+def _our_metadata(p):
+    return {k: getattr(p, k, None) for k in ("tensor_model_parallel", "partition_dim",
+                                             "partition_stride", "allreduce",
+                                             "_muon_reshape_functions")}
+
+
+@pytest.mark.parametrize("how", ["to_empty", "assign", "deepcopy", "double"])
+def test_tp_metadata_survives_new_parameters(how):
+    """Megatron's TP attributes and the Muon split live on our parameters whatever replaces them
+    (Nanotron's own sharded info on a NanotronParameter is Nanotron's to keep, and its stock MLP
+    loses it the same way)."""
+    import copy
+
+    config, parallel = configs()
+    mlp = NanotronParallelMLP(config, parallel, None, backend="torch")
+    want = {n: _our_metadata(p) for n, p in mlp.named_parameters()}
+    assert want["gate_up_proj.weight_"]["partition_dim"] == 0
+    assert want["down_proj.weight"]["partition_dim"] == 1
+    assert want["down_proj.weight"]["_muon_reshape_functions"] is None
+    if how == "to_empty":
+        mlp = NanotronParallelMLP(config, parallel, None, backend="torch", device="meta")
+        mlp = mlp.to_empty(device="cpu")
+    elif how == "assign":
+        mlp.load_state_dict({k: v.clone() for k, v in mlp.state_dict().items()}, assign=True)
+    elif how == "deepcopy":
+        mlp = copy.deepcopy(mlp)
+    else:
+        torch.__future__.set_swap_module_params_on_conversion(True)
+        try:
+            mlp = mlp.double()
+        finally:
+            torch.__future__.set_swap_module_params_on_conversion(False)
+    got = {n: _our_metadata(p) for n, p in mlp.named_parameters()}
+    assert got == want
+
+
+def test_a_bad_load_changes_nothing():
+    config, parallel = configs()
+    mlp = NanotronParallelMLP(config, parallel, None, backend="torch")
+    before = {k: v.clone() for k, v in mlp.state_dict().items()}
+    bad = {k: torch.randn_like(v) for k, v in mlp.state_dict().items()}
+    bad["down_proj.weight"] = torch.zeros(HIDDEN, INTER + 1)
+    with pytest.raises(ValueError, match=r"'down_proj.weight'\] has shape \(16, 25\), expected this "
+                                         r"rank's shape \(16, 24\)"):
+        mlp.load_state_dict(bad)
+    assert all(torch.equal(v, before[k]) for k, v in mlp.state_dict().items())
+
+
 @pytest.mark.gpu
 def test_full_llama_trains_with_our_mlp_on_gpu():
     """The whole LlamaForTraining needs CUDA (its P2P buffers) and flash-attn."""
