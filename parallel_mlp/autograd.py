@@ -45,7 +45,8 @@ import torch
 
 from .activations import Activation
 from .backends import TorchBackend, for_step, resolve
-from .grad_accum import accumulation_buffer, after_accumulating, weight_grad
+from .grad_accum import (accumulation_buffer, after_accumulating, gradients_wanted,
+                         weight_grad)
 from .launch_graphs import GRAPHS, tensor_key
 from . import overlap as overlap_mod
 from .tp import Pending, TPGroup, all_gather_rows, all_reduce, reduce_scatter_rows
@@ -80,10 +81,15 @@ def _saved_tensor_hooks_active() -> bool:
     return top is None or top(False) is not None
 
 
+# A reshape that autograd does not track as a view (see ParallelMLPFunction.forward).
+_UNSAFE_VIEW = torch.ops.aten._unsafe_view.default
+
+
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
-    """The dtype the GEMMs run in: autocast's when autocast is on for x's device, else x's."""
+    """The dtype the GEMMs run in: autocast's when autocast is on for x's device, else x's.
+    Autocast leaves float64 alone, as it does for ``F.linear``."""
     device_type = x.device.type
-    if torch.is_autocast_enabled(device_type):
+    if torch.is_autocast_enabled(device_type) and x.dtype is not torch.float64:
         return torch.get_autocast_dtype(device_type)
     return x.dtype
 
@@ -394,7 +400,11 @@ class ParallelMLPFunction(torch.autograd.Function):
         ctx.state = ((w1, w2), (b1, b2), (x.shape, x.dtype), act, tp, sp, overlap,
                      fuse_grad_accum, backend, ops, groups)
         # As made where it has x's leading dims (launch groups, a 2-D x): see _forward_in_groups.
-        return y if y.dim() == x.dim() else y.view(*x.shape[:-1], y.shape[-1])
+        # Else reshaped as torch's matmul does a folded input's output: a view made here would
+        # be an output autograd refuses to let the caller modify in place (y += residual).
+        if y.dim() == x.dim():
+            return y
+        return _UNSAFE_VIEW(y, (*x.shape[:-1], y.shape[-1]))
 
     @staticmethod
     @_not_differentiable
@@ -407,6 +417,10 @@ class ParallelMLPFunction(torch.autograd.Function):
         ((w1, w2), (b1, b2), (x_shape, x_dtype), act, tp, sp, overlap, fuse, backend, forward_ops,
          forward_groups) = ctx.state
         need_x, need_w1, need_b1, need_w2, need_b2 = ctx.needs_input_grad[:5]
+        if fuse:
+            # Not where this backward wants no weight gradient (backward(inputs=[x])): their
+            # buffers stay as they are.
+            fuse = gradients_wanted(ctx, 1, 2 if b1 is None else 3)  # w1, w2 (x is 0)
 
         dy2d = _cast(_rows(dy), x2d.dtype)
         # Every other operand is forward's or has its row widths, and forward's choice covered

@@ -8,6 +8,12 @@ With ``fuse_grad_accum=True``:
   hooks still fire; otherwise None is returned;
 - a weight without ``main_grad`` but with a ``.grad`` gets the GEMM accumulated into ``.grad``;
 - otherwise, and always when fusion is off, the GEMM writes a fresh gradient.
+
+A backward that wants no weight gradient (``backward(inputs=[x])``, ``torch.autograd.grad(loss,
+[x])``; :func:`gradients_wanted`) leaves every buffer alone. One that asks for a weight's
+gradient through ``torch.autograd.grad`` gets the fused accumulation as Megatron's does (a
+dummy or None where the buffer took it): that is how ``torch.cuda.make_graphed_callables``
+captures a step's backward.
 """
 
 from __future__ import annotations
@@ -15,6 +21,35 @@ from __future__ import annotations
 import torch
 
 from .backends import resolve
+
+
+# Whether the running backward will execute an autograd node (torch uses it in FSDP); a torch
+# without it always runs the accumulation.
+_WILL_EXECUTE = getattr(torch._C, "_will_engine_execute_node", None)
+
+
+def gradients_wanted(ctx, *inputs: int) -> bool:
+    """Whether the running backward wants the gradients of the autograd function's ``inputs``
+    (positions among the tensors its ``apply`` was given: autograd keeps one edge per tensor
+    argument, none for None): False where it neither runs their gradient nodes (a leaf's
+    AccumulateGrad) nor captures them, as ``backward(inputs=[x])`` and
+    ``torch.autograd.grad(loss, [x])`` do not."""
+    if _WILL_EXECUTE is None:
+        return True
+    edges = ctx.next_functions
+    for i in inputs:
+        node = edges[i][0]
+        if node is None:
+            continue
+        try:
+            if not _WILL_EXECUTE(node):
+                return False
+        except RuntimeError:
+            # torch refuses a leaf's node that autograd.grad captures: its gradient is asked
+            # for, and accumulates as in any backward (torch.cuda.make_graphed_callables
+            # captures a step's backward so, and Megatron's CUDA graphs rely on main_grad then).
+            pass
+    return True
 
 
 def accumulation_buffer(weight: torch.Tensor, fuse: bool) -> torch.Tensor | None:

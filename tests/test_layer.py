@@ -87,6 +87,37 @@ def test_any_leading_dims(shape):
     torch.testing.assert_close(y.reshape(-1, 5), ref)
 
 
+@pytest.mark.parametrize("backend", ["torch", "auto"])
+@pytest.mark.parametrize("shape", [(12,), (2, 3, 12), (4, 12)])
+def test_the_output_can_be_modified_in_place(shape, backend):
+    """As nn.Linear's can (a residual added in place, an in-place dropout), whatever x's
+    leading dims: the output is not a view autograd would guard."""
+    torch.manual_seed(0)
+    mlp = ParallelMLP(12, 16, activation="swiglu", backend=backend)
+    x = torch.randn(shape, requires_grad=True)
+    y = mlp(x)
+    y += 1.0
+    y.square().sum().backward()
+    xr = x.detach().reshape(-1, 12)
+    ref_y, ref_g = reference.mlp_with_grads(xr, mlp.fc1.weight, mlp.fc2.weight, "swiglu",
+                                            dy=2 * (reference.mlp(xr.double(), mlp.fc1.weight.double(),
+                                                                  mlp.fc2.weight.double(), "swiglu") + 1))
+    torch.testing.assert_close(y.detach().reshape(-1, 12).double(), ref_y + 1, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(x.grad.reshape(-1, 12).double(), ref_g["x"], rtol=1e-5, atol=1e-5)
+
+
+def test_autocast_leaves_float64_alone():
+    """Autocast never casts float64, for F.linear or for this layer."""
+    torch.manual_seed(0)
+    mlp = ParallelMLP(8, 16, activation="swiglu", dtype=torch.float64)
+    x = torch.randn(3, 8, dtype=torch.float64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = mlp(x)
+    assert y.dtype == torch.float64
+    ref = reference.mlp(x, mlp.fc1.weight.detach(), mlp.fc2.weight.detach(), "swiglu")
+    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+
+
 def test_autocast_runs_in_bf16_and_returns_fp32_grads():
     torch.manual_seed(0)
     mlp = ParallelMLP(16, 32, activation="swiglu", bias1=True)
