@@ -120,7 +120,9 @@ def _shaped(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
 
 
 def _bias_grad(grad_out: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    return grad_out.sum(0, dtype=torch.float32).to(bias.dtype)
+    """The column sums, accumulated in fp32 at least (as the GEMMs accumulate), in bias's dtype."""
+    acc = torch.float64 if grad_out.dtype == torch.float64 else torch.float32
+    return grad_out.sum(0, dtype=acc).to(bias.dtype)
 
 
 def _fc1(ops, x2d, w1c, b1c, act, store_preact, tp, sp, overlap):

@@ -106,6 +106,24 @@ def test_the_output_can_be_modified_in_place(shape, backend):
     torch.testing.assert_close(x.grad.reshape(-1, 12).double(), ref_g["x"], rtol=1e-5, atol=1e-5)
 
 
+def test_float64_stays_float64_to_the_bias_gradients():
+    """Every gradient of an fp64 layer, the bias sums too, at fp64's precision against torch's
+    own fp64 ops."""
+    torch.manual_seed(0)
+    mlp = ParallelMLP(16, 32, activation="gelu", bias1=True, bias2=True, backend="torch",
+                      dtype=torch.float64)
+    x = torch.randn(512, 16, dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(512, 16, dtype=torch.float64)
+    mlp(x).backward(dy)
+    params = [p.detach().clone().requires_grad_() for p in
+              (mlp.fc1.weight, mlp.fc1.bias, mlp.fc2.weight, mlp.fc2.bias)]
+    w1, b1, w2, b2 = params
+    torch.nn.functional.linear(torch.nn.functional.gelu(
+        torch.nn.functional.linear(x.detach(), w1, b1)), w2, b2).backward(dy)
+    for ours, want in zip((mlp.fc1.weight, mlp.fc1.bias, mlp.fc2.weight, mlp.fc2.bias), params):
+        torch.testing.assert_close(ours.grad, want.grad, rtol=1e-12, atol=1e-12)
+
+
 def test_autocast_leaves_float64_alone():
     """Autocast never casts float64, for F.linear or for this layer."""
     torch.manual_seed(0)
