@@ -329,6 +329,9 @@ def _world_size() -> int:
 
 
 def setup_distributed(backend: str, device: str) -> torch.device:
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: this PyTorch sees no CUDA device (use --device cpu or "
+                         "auto)")
     use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     if use_cuda:
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -549,9 +552,11 @@ def train(args: argparse.Namespace, device: torch.device) -> None:
     steps_run = args.steps - start
 
     if args.save:
-        path = args.save.format(step=args.steps)
-        save_checkpoint(path, model, optimizer, args.steps, args)
-        say(f"saved {path} (step {args.steps}, TP={world})")
+        # The step the model is at: a run resumed at or past --steps trained nothing.
+        at = max(start, args.steps)
+        path = args.save.format(step=at)
+        save_checkpoint(path, model, optimizer, at, args)
+        say(f"saved {path} (step {at}, TP={world})")
     if first_loss is None:
         say(f"nothing to do: the run is already at step {start} of --steps {args.steps}")
     else:

@@ -75,3 +75,18 @@ def test_checkpoint_saved_at_tp2_resumes_at_tp1(tp2_run, tmp_path):
     # uninterrupted TP=2 run ended (up to the order of the fp32 sums in the all-reduce).
     _, last_resumed = _losses(resumed)
     assert abs(last_resumed - last_uninterrupted) < 1e-3, (last_resumed, last_uninterrupted)
+
+
+def test_a_run_resumed_past_its_steps_saves_the_step_it_is_at(tp2_run, tmp_path):
+    """Resumed at step 40 with --steps 20 it trains nothing, and what it saves says step 40 (a
+    file named and marked 20 would replay steps 21-40 on weights that already hold them)."""
+    tmp, _ = tp2_run
+    out = _run_example(1, "--steps", str(STEPS // 2), "--resume", str(tmp / f"ckpt{STEPS}.pt"),
+                       "--save", str(tmp_path / "again{step}.pt"), cwd=tmp_path)
+    assert f"nothing to do: the run is already at step {STEPS}" in out, out[-2000:]
+    assert not (tmp_path / f"again{STEPS // 2}.pt").exists()
+    again = torch.load(tmp_path / f"again{STEPS}.pt", map_location="cpu", weights_only=False)
+    saved = torch.load(tmp / f"ckpt{STEPS}.pt", map_location="cpu", weights_only=False)
+    assert again["step"] == STEPS
+    for k, v in saved["model"].items():
+        assert torch.equal(again["model"][k], v), k
