@@ -21,8 +21,11 @@ This module imports transformers; ``import parallel_mlp`` never does.
 
 from __future__ import annotations
 
+import ast
 import functools
 import inspect
+import textwrap
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -36,7 +39,7 @@ from . import gated_layout
 from .hf_activations import GATED, gated_activation
 
 __all__ = ["find_gated_mlps", "full_state_dict_to_hf", "hf_state_dict", "hf_to_full_state_dict",
-           "mlp_activation", "replace_mlps"]
+           "mlp_activation", "plain_gated_forward", "replace_mlps"]
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 # ParallelMLP's keyword options that replace_mlps takes from the HF module or its own arguments;
@@ -127,11 +130,83 @@ def _check_hf_mlp_state(s) -> None:
 # ---- finding HF MLPs and their activation ----------------------------------------------------
 
 
-def find_gated_mlps(model: nn.Module) -> dict[str, nn.Module]:
+# The forward replace_mlps replaces: down_proj(act(gate_proj(x)) * up_proj(x)), as a tree of
+# what _trace_forward reads off a forward's source (the product's factors in a fixed order).
+_GATED_MLP = ("down_proj", ("mul", ("act", ("gate_proj", "x")), ("up_proj", "x")))
+_ACT_ATTRIBUTES = ("act_fn", "activation_fn")
+
+
+class _NotPlain(Exception):
+    pass
+
+
+def _trace_forward(cls: type) -> tuple | None:
+    """What ``cls.forward`` computes from its one input, as a tree of projections, the
+    activation and products, read off its source; None where it does anything else (another
+    statement or op: a clamp, a scale, a norm, dropout, a branch) or its source is not there."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls.forward)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    fn = tree.body[0]
+    args = fn.args
+    if (not isinstance(fn, ast.FunctionDef) or len(args.args) != 2 or args.vararg
+            or args.kwonlyargs or args.kwarg or args.defaults):
+        return None
+    env = {args.args[1].arg: "x"}
+
+    def value(node):
+        if isinstance(node, ast.Name) and node.id in env:
+            return env[node.id]
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+            return ("mul",) + tuple(sorted((value(node.left), value(node.right)), key=repr))
+        if (isinstance(node, ast.Call) and len(node.args) == 1 and not node.keywords
+                and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == args.args[0].arg):
+            name = node.func.attr
+            if name in PROJECTIONS:
+                return (name, value(node.args[0]))
+            if name in _ACT_ATTRIBUTES:
+                return ("act", value(node.args[0]))
+        raise _NotPlain
+
+    try:
+        for stmt in fn.body:
+            if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
+                continue  # a docstring
+            if (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+                    and isinstance(stmt.targets[0], ast.Name)):
+                env[stmt.targets[0].id] = value(stmt.value)
+            elif isinstance(stmt, ast.Return) and stmt.value is not None:
+                return value(stmt.value)
+            else:
+                return None
+    except _NotPlain:
+        return None
+    return None
+
+
+@functools.cache
+def plain_gated_forward(cls: type) -> bool:
+    """Whether ``cls.forward(x)`` is ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` and
+    nothing else, read off its source (transformers' Llama, Mistral, Qwen2/3, Gemma 1-3, OLMo 2,
+    Granite and their kin; not those that clamp, scale, normalize or drop out around it)."""
+    return _trace_forward(cls) == _GATED_MLP
+
+
+def _three_linears(model: nn.Module) -> dict[str, nn.Module]:
     """Every module of ``model`` (by name, shared modules under each of their names) whose
     ``gate_proj``, ``up_proj`` and ``down_proj`` are ``nn.Linear`` layers."""
     return {name: m for name, m in model.named_modules(remove_duplicate=False)
             if all(isinstance(getattr(m, p, None), nn.Linear) for p in PROJECTIONS)}
+
+
+def find_gated_mlps(model: nn.Module) -> dict[str, nn.Module]:
+    """Every module of ``model`` (by name, shared modules under each of their names) whose
+    ``gate_proj``, ``up_proj`` and ``down_proj`` are ``nn.Linear`` layers and whose forward is
+    the plain gated MLP (:func:`plain_gated_forward`)."""
+    return {name: m for name, m in _three_linears(model).items()
+            if plain_gated_forward(type(m))}
 
 
 @functools.cache
@@ -168,7 +243,9 @@ def mlp_activation(mlp: nn.Module, config=None) -> str:
 def replace_mlps(model: nn.Module, tp_group: dist.ProcessGroup | None = None,
                  **options) -> dict[str, ParallelMLP]:
     """Swap every gated MLP of ``model`` (:func:`find_gated_mlps`) for a :class:`ParallelMLP`
-    holding this rank's shard of the same weights; returns the new modules by name.
+    holding this rank's shard of the same weights (frozen where theirs were); returns the new
+    modules by name. Modules with the three projections but another forward are left as they
+    are, with a warning that names them (a ValueError where no module qualifies).
 
     Collective: every rank of the TP group calls it. The TP group is ``tp_group``; else, for a
     model that transformers itself made tensor-parallel (``from_pretrained(...,
@@ -189,10 +266,20 @@ def replace_mlps(model: nn.Module, tp_group: dist.ProcessGroup | None = None,
         hint = (" (HF models hand their MLPs the whole, replicated sequence)"
                 if "sequence_parallel" in unknown else "")
         raise TypeError(f"replace_mlps: unknown options {unknown}{hint}; known: {list(OPTIONS)}")
-    mlps = find_gated_mlps(model)
+    candidates = _three_linears(model)
+    mlps = {name: m for name, m in candidates.items() if plain_gated_forward(type(m))}
+    other = sorted({type(m).__name__ for m in candidates.values()} -
+                   {type(m).__name__ for m in mlps.values()})
+    why = ("their forward is not down_proj(act_fn(gate_proj(x)) * up_proj(x)) alone (a clamp, "
+           "scale, norm, dropout or other step around it, which ParallelMLP would drop)")
     if not mlps:
+        if other:
+            raise ValueError(f"replace_mlps: {type(model).__name__}'s modules with gate_proj, "
+                             f"up_proj and down_proj ({', '.join(other)}) do not qualify: {why}")
         raise ValueError(f"replace_mlps: {type(model).__name__} has no module with nn.Linear "
                          f"gate_proj, up_proj and down_proj")
+    if other:
+        warnings.warn(f"replace_mlps: left {', '.join(other)} as they are: {why}", stacklevel=2)
     group = _tp_group(model, tp_group)
     tp = resolve_group(group)
     config = getattr(model, "config", None)
@@ -254,6 +341,12 @@ def _plan(name, mlp, config, tp: TPGroup) -> dict:
     if (gate.bias is None) != (up.bias is None):
         raise ValueError(f"replace_mlps: {name}: gate_proj and up_proj must both have a bias or "
                          f"neither (they become one fc1)")
+    for kind in ("weight", "bias"):
+        g, u = getattr(gate, kind), getattr(up, kind)
+        if g is not None and g.requires_grad != u.requires_grad:
+            raise ValueError(f"replace_mlps: {name}: gate_proj.{kind} and up_proj.{kind} must be "
+                             f"frozen alike (requires_grad {g.requires_grad} and "
+                             f"{u.requires_grad}): they become one fc1.{kind}")
     if hidden % tp.size:
         raise ValueError(f"replace_mlps: {name}: intermediate size {hidden} is not divisible by "
                          f"the TP size {tp.size}")
@@ -290,6 +383,10 @@ def _convert(mlp, plan, group, tp: TPGroup, options) -> ParallelMLP:
     like = _local(gate.weight)
     # Built on meta and materialized, so no global weight is drawn only to be overwritten.
     new = ParallelMLP(**plan, tp_group=group, device="meta", dtype=like.dtype, **options)
+    for ours, theirs in ((new.fc1.weight, gate.weight), (new.fc1.bias, gate.bias),
+                         (new.fc2.weight, down.weight), (new.fc2.bias, down.bias)):
+        if ours is not None:
+            ours.requires_grad_(theirs.requires_grad)  # a frozen MLP stays frozen
     if like.device.type == "meta":  # a model built on meta: ours stays there too
         return new
     new.to_empty(device=like.device)

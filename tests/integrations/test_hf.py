@@ -12,6 +12,8 @@ downloaded), on CPU with gloo.
   state dict or with distributed_checkpoint=True refuses and writes nothing.
 - Bad input: unknown options, a model without MLPs, an activation we lack: clear errors, and the
   model is left as it was.
+- Only the plain gated forward is replaced: a module that clamps, scales, normalizes or drops
+  out around it is left as it is, with a warning naming it; frozen MLPs stay frozen.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ import transformers  # noqa: E402
 from dist_utils import run_distributed  # noqa: E402
 from parallel_mlp import ParallelMLP  # noqa: E402
 from parallel_mlp.integrations.hf import (full_state_dict_to_hf, hf_state_dict,  # noqa: E402
-                                          hf_to_full_state_dict, replace_mlps)
+                                          hf_to_full_state_dict, plain_gated_forward,
+                                          replace_mlps)
 
 TINY = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=64, max_position_embeddings=32)
@@ -212,6 +215,94 @@ def test_bad_input_leaves_the_model_as_it_was():
     assert not any(isinstance(m, ParallelMLP) for m in model.modules())
     assert_state_dicts_equal(model.state_dict(), before)
     assert "save_pretrained" not in vars(model)
+
+
+class _Plain(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = (torch.nn.Linear(4, 4) for _ in range(3))
+        self.act_fn = torch.nn.SiLU()
+
+
+class _OneLine(_Plain):
+    def forward(self, hidden_state):
+        """A docstring changes nothing."""
+        return self.down_proj(self.up_proj(hidden_state) * self.act_fn(self.gate_proj(hidden_state)))
+
+
+class _Steps(_Plain):
+    def forward(self, x):
+        gate = self.act_fn(self.gate_proj(x))
+        up = self.up_proj(x)
+        out = self.down_proj(gate * up)
+        return out
+
+
+class _Clamped(_Plain):
+    def forward(self, x):
+        gate = self.gate_proj(x).clamp(max=7.0)
+        return self.down_proj(self.act_fn(gate) * self.up_proj(x))
+
+
+class _Scaled(_Plain):
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x)) * 0.5
+
+
+class _Branch(_Plain):
+    def forward(self, x):
+        g = self.gate_proj(x)
+        if self.training:
+            g = g * 2
+        return self.down_proj(self.act_fn(g) * self.up_proj(x))
+
+
+class _OtherInput(_Plain):
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x * x))
+
+
+def test_plain_gated_forward_reads_the_forward():
+    assert plain_gated_forward(transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY))
+                               .model.layers[0].mlp.__class__)
+    for cls in (_OneLine, _Steps):
+        assert plain_gated_forward(cls), cls.__name__
+    for cls in (_Clamped, _Scaled, _Branch, _OtherInput, _Plain):  # _Plain: nn.Module's forward
+        assert not plain_gated_forward(cls), cls.__name__
+
+
+def test_another_forward_is_left_as_it_is_with_a_warning():
+    ref = build("llama")
+    # the second layer's MLP scales its output: ParallelMLP would drop that
+    scaled = type("ScaledLlamaMLP", (type(ref.model.layers[1].mlp),),
+                  {"forward": _Scaled.forward})
+    ref.model.layers[1].mlp.__class__ = scaled
+    model = copy.deepcopy(ref)
+    with pytest.warns(UserWarning, match=r"left ScaledLlamaMLP as they are: their forward is "
+                                         r"not down_proj"):
+        swapped = replace_mlps(model, backend="torch")
+    assert list(swapped) == ["model.layers.0.mlp"]
+    assert type(model.model.layers[1].mlp) is scaled
+    compare_swapped(ref, model, family="llama, one scaled MLP")
+    only_odd = torch.nn.Sequential(_Clamped())
+    with pytest.raises(ValueError, match=r"modules with gate_proj, up_proj and down_proj "
+                                         r"\(_Clamped\) do not qualify: their forward is not"):
+        replace_mlps(only_odd)
+
+
+def test_frozen_mlps_stay_frozen():
+    model = build("llama_mlp_bias_tied")
+    for p in model.model.layers[0].mlp.parameters():
+        p.requires_grad_(False)
+    swapped = replace_mlps(model, backend="torch")
+    assert not any(p.requires_grad for p in swapped["model.layers.0.mlp"].parameters())
+    assert all(p.requires_grad for p in swapped["model.layers.1.mlp"].parameters())
+    half = build("llama")
+    half.model.layers[1].mlp.gate_proj.weight.requires_grad_(False)
+    with pytest.raises(ValueError, match=r"model.layers.1.mlp: gate_proj.weight and "
+                                         r"up_proj.weight must be frozen alike"):
+        replace_mlps(half)
+    assert not any(isinstance(m, ParallelMLP) for m in half.modules())
 
 
 def test_a_model_built_on_meta_gets_meta_mlps():
