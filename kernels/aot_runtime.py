@@ -99,7 +99,6 @@ class LoadedKernel:
         module = ctypes.c_void_p()
         _check(lib, lib.CuteDSLRT_Module_Create_From_Bytes(ctypes.byref(module), data, len(data), None, 0),
                f"loading {object_path}")
-        self._module = module
         function = ctypes.c_void_p()
         try:
             _check(lib, lib.CuteDSLRT_Module_Get_Function(ctypes.byref(function), module, prefix.encode()),
@@ -107,6 +106,9 @@ class LoadedKernel:
         except CuteRuntimeError:
             lib.CuteDSLRT_Module_Destroy(module)
             raise
+        # Only now owned by this object: __del__ destroys what it owns, and a module destroyed
+        # above must not be destroyed again when the half-built object is collected.
+        self._module = module
         self._function = function
         self._tls = threading.local()  # each thread packs its own arguments
 

@@ -32,8 +32,18 @@ _ARCH = "sm_90a"
 
 
 def cache_dir() -> Path:
+    """``$PARALLEL_MLP_CACHE_DIR``, else ``~/.cache/parallel_mlp``; where there is no home (a
+    container running as a user without a passwd entry), the system's temporary directory, so
+    that the cache, an optimization, never fails an op."""
     d = os.environ.get("PARALLEL_MLP_CACHE_DIR")
-    return Path(d) if d else Path.home() / ".cache" / "parallel_mlp"
+    if d:
+        return Path(d)
+    try:
+        return Path.home() / ".cache" / "parallel_mlp"
+    except RuntimeError:
+        import tempfile
+
+        return Path(tempfile.gettempdir()) / f"parallel_mlp-{os.getuid()}"
 
 
 @dataclass(frozen=True)
@@ -58,8 +68,19 @@ class KernelKey:
 
 _fingerprint: Optional[str] = None
 
+# CuTe DSL settings that change the binary it emits: the names its env_manager marks
+# affects_compile (nvidia-cutlass-dsl 4.8; the DSL's own JIT cache keys on them), read here as
+# CUTE_DSL_<name> from the environment so that the key needs no `import cutlass`. CUTE_DSL_ARCH
+# is not among them: every kernel here is built for _ARCH.
+DSL_COMPILE_SETTINGS = ("AUTO_M2S", "COMPILER_BACKEND", "COMPILER_OPT", "DEBUG",
+                        "ENABLE_ASSERTIONS", "ENABLE_PYIR", "ENABLE_TVM_FFI", "LINEINFO",
+                        "LOC_TRACEBACKS", "TOLERATE_M2M", "USE_EXTENSION_COMPILER")
+
 
 def source_fingerprint() -> str:
+    """The disk cache's directory for this code: a hash of the kernels' sources, the
+    activations' math, the DSL's version and the DSL settings that change its binaries (a
+    debug or assertions build never lands where normal builds are looked up)."""
     global _fingerprint
     if _fingerprint is None:
         import importlib.metadata
@@ -75,6 +96,10 @@ def source_fingerprint() -> str:
             h.update(importlib.metadata.version("nvidia-cutlass-dsl").encode())
         except importlib.metadata.PackageNotFoundError:
             pass
+        for name in DSL_COMPILE_SETTINGS:
+            value = os.environ.get(f"CUTE_DSL_{name}")
+            if value is not None:
+                h.update(f"CUTE_DSL_{name}={value}".encode())
         _fingerprint = h.hexdigest()[:16]
     return _fingerprint
 

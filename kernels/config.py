@@ -357,9 +357,21 @@ def parse_fields(text: str) -> dict:
         if key not in types or not value:
             raise ValueError(f"{text!r}: {item!r} is not FIELD=VALUE with a GemmConfig field ({', '.join(types)})")
         kind = types[key]
-        out[key] = value == "1" or value.lower() == "true" if kind in (bool, "bool") else (
-            int(value) if kind in (int, "int") else value)
+        if kind in (bool, "bool"):
+            if value.lower() not in _BOOLS:
+                raise ValueError(f"{text!r}: {key} takes 1/0 or true/false, got {value!r}")
+            out[key] = _BOOLS[value.lower()]
+        elif kind in (int, "int"):
+            try:
+                out[key] = int(value)
+            except ValueError:
+                raise ValueError(f"{text!r}: {key} takes an int, got {value!r}") from None
+        else:
+            out[key] = value
     return out
+
+
+_BOOLS = {"1": True, "true": True, "0": False, "false": False}
 
 
 def is_big(m: int, n: int, num_sms: int = DEFAULT_NUM_SMS) -> bool:

@@ -21,6 +21,7 @@ import dataclasses
 import functools
 import json
 import os
+import tempfile
 import threading
 from dataclasses import asdict
 
@@ -57,14 +58,33 @@ def _load():
 
 
 def _save():
+    """Write the choices, merged over what the file holds now: other processes (the ranks of a
+    node, tuning other problems) may have written theirs since this one read it."""
     p = _path()
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(_choices, indent=1, sort_keys=True))
+        try:
+            merged = json.loads(p.read_text())
+        except (OSError, ValueError):
+            merged = {}
+        merged.update(_choices)
+        _choices.update(merged)
+        # unique across the hosts that may share the directory, not only across this host's pids
+        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=".tune-", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(merged, indent=1, sort_keys=True))
         os.replace(tmp, p)
     except OSError:
         pass
+
+
+def _stored(choice) -> GemmConfig | None:
+    """A stored choice as a GemmConfig; None where it no longer builds one (a field the config
+    has lost or a value it now refuses: a choice written by older code), to be tuned again."""
+    try:
+        return GemmConfig(**choice)
+    except (TypeError, ValueError):
+        return None
 
 
 def _candidate_runner(spec, a, b, d_dtype):
@@ -90,9 +110,10 @@ def tuned_config(spec, a, bk, d_dtype, num_sms: int) -> GemmConfig:
     n = bk.shape[0]
     key = f"{spec.key}|{a.dtype}|{ops._major(a)}|{ops._major(bk)}|{d_dtype}|{m}x{n}x{k}|sm{num_sms}"
     with _lock:
-        choices = _load()
-        if key in choices:
-            return GemmConfig(**choices[key])
+        choice = _load().get(key)
+        stored = None if choice is None else _stored(choice)
+        if stored is not None:
+            return stored
     default = default_config(m, n, k, num_sms, spec.kind)
     # The default competes too: it may be a config the candidate list does not hold (pingpong).
     # On big shapes so do the pingpong config (the default below COOPERATIVE_MIN_K) and its

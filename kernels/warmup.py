@@ -81,16 +81,21 @@ def _build(key: KernelKey):
     from .compile import get_kernel, object_path
 
     t = time.time()
+    if object_path(key).exists():
+        # Cached already: not loaded here, since loading creates a CUDA context on a GPU host
+        # (one per worker, beside whatever else runs there). A cached object that does not load
+        # is compiled again where it is used.
+        return True, 0.0, "cached"
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", RuntimeWarning)
             get_kernel(key)
     except Exception as e:
         return False, time.time() - t, f"{type(e).__name__}: {str(e)[:200]}"
     if not object_path(key).exists():
-        # Exporting links the host launcher against the CUDA runtime, which a machine without
-        # a CUDA driver stack lacks: compiled fine, but nothing was cached.
-        return False, time.time() - t, "compiled, but the object could not be exported (no CUDA runtime here?)"
+        why = "; ".join(str(w.message) for w in caught if issubclass(w.category, RuntimeWarning))
+        return False, time.time() - t, (f"compiled, but not cached: {why[:300]}" if why else
+                                        "compiled, but the object could not be exported")
     return True, time.time() - t, ""
 
 
@@ -112,29 +117,46 @@ def parse_shapes(text: str) -> list[tuple[int, int, int, str]]:
     shapes = []
     for item in text.split(","):
         parts = item.strip().split(":")
-        if len(parts) != 4 or not all(x.isdigit() and int(x) > 0 for x in parts[:3]):
+        if len(parts) != 4 or not all(x.isascii() and x.isdigit() and int(x) > 0
+                                      for x in parts[:3]):
             raise ValueError(f"--shapes item {item!r}: expected T:d:h:activation, e.g. 8192:4096:14336:swiglu")
         get_activation(parts[3])  # an unknown name fails here, with the list of valid ones
         shapes.append((int(parts[0]), int(parts[1]), int(parts[2]), parts[3]))
     return shapes
 
 
+def positive_int(text: str) -> int:
+    """argparse's type for sizes: a positive int, else an error naming the rule."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {value}")
+    return value
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m parallel_mlp.kernels.warmup", description=__doc__.split("\n")[0])
-    p.add_argument("--tokens", type=int, default=8192)
-    p.add_argument("--d", type=int, default=4096)
-    p.add_argument("--h", type=int, nargs="+", default=[14336], help="hidden size(s) of one shard")
-    p.add_argument("--d-out", type=int, default=None)
+    p.add_argument("--tokens", type=positive_int, default=8192)
+    p.add_argument("--d", type=positive_int, default=4096)
+    p.add_argument("--h", type=positive_int, nargs="+", default=[14336], help="hidden size(s) of one shard")
+    p.add_argument("--d-out", type=positive_int, default=None)
     p.add_argument("--act", nargs="+", default=["swiglu"])
     p.add_argument("--shapes", default=None, metavar="T:d:h:act,...",
                    help="a list of shapes instead of --tokens/--d/--h/--act (h: one shard's)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     p.add_argument("--bias", action="store_true")
-    p.add_argument("--num-sms", type=int, default=None, help="default: the current GPU's, else 132")
+    p.add_argument("--num-sms", type=positive_int, default=None, help="default: the current GPU's, else 132")
     p.add_argument("--also", action="append", default=[], metavar="FIELD=VALUE[,FIELD=VALUE]",
                    help="also compile every kernel with these GemmConfig fields replaced (repeatable)")
-    p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
+    p.add_argument("-j", "--jobs", type=positive_int, default=os.cpu_count() or 1)
     args = p.parse_args(argv)
+    for name in args.act:
+        try:
+            get_activation(name)
+        except ValueError as e:
+            p.error(f"--act {e}")
     try:
         variants = [parse_fields(a) for a in args.also]
     except ValueError as e:
@@ -147,7 +169,7 @@ def main(argv=None) -> int:
             sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else DEFAULT_NUM_SMS
         except Exception:
             sms = DEFAULT_NUM_SMS
-    if args.shapes:
+    if args.shapes is not None:
         try:
             shapes = parse_shapes(args.shapes)
         except ValueError as e:

@@ -40,6 +40,46 @@ def test_a_corrupt_cache_object_is_a_miss(tmp_path):
     assert _load_cached(bad, "pmlp_bad") is None  # neither loader takes it: get_kernel recompiles
 
 
+class _FakeRuntime:
+    """The C runtime's four calls, where a module loads and its function is not found (a cubin
+    the driver refuses, a CPU host's CUDA error): each handle's destroys are counted."""
+
+    def __init__(self):
+        self.destroyed = []
+
+    def CuteDSLRT_Module_Create_From_Bytes(self, module_ref, data, size, opts, n):
+        module_ref._obj.value = 0x1234
+        return 0
+
+    def CuteDSLRT_Module_Get_Function(self, function_ref, module, name):
+        return 35
+
+    def CuteDSLRT_Module_Destroy(self, module):
+        self.destroyed.append(module.value)
+        return 0
+
+    def CuteDSLRT_GetErrorName(self, err):
+        return b"CudaError"
+
+    def CuteDSLRT_GetErrorString(self, err):
+        return b"insufficient driver"
+
+
+def test_a_module_whose_function_is_missing_is_destroyed_once(monkeypatch, tmp_path):
+    """The failed load destroys the module, and the half-built object's __del__ must not destroy
+    it again (a double free: the process died instead of recompiling)."""
+    import gc
+
+    fake = _FakeRuntime()
+    monkeypatch.setattr(aot_runtime, "_library", lambda: fake)
+    obj = tmp_path / "pmlp_x.o"
+    obj.write_bytes(b"an object the fake runtime takes")
+    with pytest.raises(aot_runtime.CuteRuntimeError, match=r"finding pmlp_x in .*CudaError"):
+        aot_runtime.LoadedKernel(obj, "pmlp_x")
+    gc.collect()
+    assert fake.destroyed == [0x1234]
+
+
 def test_the_launch_path_does_not_import_the_dsl():
     code = (
         "import sys\n"

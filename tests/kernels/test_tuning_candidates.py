@@ -1,6 +1,8 @@
 """tuned=True's candidate list (kernels/tuning.py), with the timing replaced: which configs
 compete, that the fastest is kept, and that a later call reuses it from disk without timing."""
 
+import dataclasses
+
 import pytest
 
 pytest.importorskip("cutlass")
@@ -76,3 +78,38 @@ def test_stream_k_competes_where_the_last_wave_is_partial(tuning, monkeypatch):
         bk = torch.empty(n, k, dtype=torch.bfloat16)
         assert tuning.tuned_config(spec, a, bk, torch.bfloat16, 132) == other
         assert default in seen and other in seen and default.stream_k == (m == 2304)
+
+
+def test_a_stored_choice_that_no_longer_builds_is_tuned_again(tuning, monkeypatch):
+    """A choice written by older code (a GemmConfig field since removed) is a miss, not a
+    TypeError on every tuned call of that problem."""
+    import json
+    from dataclasses import asdict
+
+    from parallel_mlp.kernels import ops
+    from parallel_mlp.kernels.config import GemmConfig
+    from parallel_mlp.kernels.epilogue_spec import EpilogueSpec
+
+    spec = EpilogueSpec("store")
+    a, bk = torch.zeros(256, 512, dtype=torch.bfloat16), torch.zeros(384, 512, dtype=torch.bfloat16)
+    key = (f"{spec.key}|{a.dtype}|{ops._major(a)}|{ops._major(bk)}|{torch.bfloat16}|256x384x512|"
+           f"sm132")
+    stale = dict(asdict(GemmConfig()), stream_k_split=1)
+    (tuning._path()).write_text(json.dumps({key: stale}))
+    fastest = GemmConfig(tile_n=128)
+    seen = fake_timing(tuning, monkeypatch, fastest)
+    monkeypatch.setattr(tuning, "TUNE_CANDIDATES", [fastest])
+    got = tuning.tuned_config(spec, a, bk, torch.bfloat16, 132)
+    assert seen and got == dataclasses.replace(fastest, num_sms=132, l2_prefetch=got.l2_prefetch)
+    assert json.loads(tuning._path().read_text())[key] == asdict(got)
+
+
+def test_saving_keeps_the_choices_other_processes_wrote(tuning):
+    import json
+
+    tuning._load()["mine"] = {"tile_n": 128}
+    tuning._path().parent.mkdir(parents=True, exist_ok=True)
+    tuning._path().write_text(json.dumps({"theirs": {"tile_n": 192}}))  # written since we read
+    tuning._save()
+    assert json.loads(tuning._path().read_text()) == {"mine": {"tile_n": 128},
+                                                      "theirs": {"tile_n": 192}}

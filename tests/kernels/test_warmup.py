@@ -40,6 +40,60 @@ def test_shapes_list_is_parsed_and_refused_when_malformed(capsys):
     with pytest.raises(SystemExit):
         main(["--shapes", "8192:4096:swiglu"])
     assert "expected T:d:h:activation" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="expected T:d:h:activation"):
+        parse_shapes("512:1024:\u00b2:swiglu")  # a digit to str.isdigit, not to int()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--shapes", ""], "expected T:d:h:activation"),  # an empty $SHAPES, not the default model
+    (["--tokens", "0"], "--tokens: expected a positive int, got 0"),
+    (["--d", "-5"], "--d: expected a positive int, got -5"),
+    (["--h", "0"], "--h: expected a positive int, got 0"),
+    (["--num-sms", "0"], "--num-sms: expected a positive int, got 0"),
+    (["--act", "nope"], "--act activation='nope' is not known"),
+    (["--also", "l2_prefetch=yes"], "l2_prefetch takes 1/0 or true/false, got 'yes'"),
+    (["--also", "tile_n=wide"], "tile_n takes an int, got 'wide'"),
+])
+def test_bad_arguments_are_refused_with_the_rule(argv, message, capsys, monkeypatch):
+    from parallel_mlp.kernels import warmup
+
+    monkeypatch.setattr(warmup, "compile_keys", lambda keys, jobs: pytest.fail("compiled"))
+    with pytest.raises(SystemExit):
+        warmup.main(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_a_cached_kernel_is_not_loaded_again(tmp_path, monkeypatch):
+    """Loading creates a CUDA context on a GPU host, one per worker: a warmup over a warm cache
+    only checks the objects are there."""
+    from parallel_mlp.kernels import compile as kc
+    from parallel_mlp.kernels import warmup
+
+    monkeypatch.setenv("PARALLEL_MLP_CACHE_DIR", str(tmp_path))
+    key = warmup.mlp_keys(512, 1024, 512, "gelu_tanh_approx")[0]
+    kc.object_path(key).parent.mkdir(parents=True)
+    kc.object_path(key).write_bytes(b"an object")
+    monkeypatch.setattr(kc, "get_kernel", lambda *a, **k: pytest.fail("loaded"))
+    assert warmup._build(key) == (True, 0.0, "cached")
+
+
+def test_a_kernel_that_could_not_be_cached_says_why(tmp_path, monkeypatch):
+    import warnings
+
+    from parallel_mlp.kernels import compile as kc
+    from parallel_mlp.kernels import warmup
+
+    monkeypatch.setenv("PARALLEL_MLP_CACHE_DIR", str(tmp_path))
+    key = warmup.mlp_keys(512, 1024, 512, "gelu_tanh_approx")[0]
+
+    def compiled_but_not_written(key):
+        warnings.warn("parallel_mlp: could not write kernel cache /x: [Errno 20] Not a directory",
+                      RuntimeWarning)
+
+    monkeypatch.setattr(kc, "get_kernel", compiled_but_not_written)
+    ok, _, why = warmup._build(key)
+    assert not ok and why == ("compiled, but not cached: parallel_mlp: could not write kernel "
+                              "cache /x: [Errno 20] Not a directory")
 
 
 def test_shapes_compile_the_union_of_their_keys(monkeypatch):
