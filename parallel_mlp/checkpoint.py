@@ -46,17 +46,19 @@ def _check_values(key: str, t, assign: bool = False) -> None:
         raise ValueError(f"state_dict[{key!r}] is on the meta device and holds no values")
 
 
-def _shape_hint(mlp, key: str, shape: tuple[int, ...], expected: tuple[int, ...],
-                local: tuple[int, ...], glob: tuple[int, ...]) -> str:
-    """Why a checkpoint's shape may not fit: a shard where global tensors were due or the
-    reverse, or the other kind of fc1 (gated or not)."""
+def _shape_hint(mlp, key: str, shape: tuple[int, ...], local: tuple[int, ...],
+                glob: tuple[int, ...], wants_global: bool) -> str:
+    """Why a checkpoint's shape may not fit where ``wants_global`` (load_full_state_dict) or this
+    rank's (load_state_dict) shape was due: the other of the two came, or the other kind of fc1
+    (gated or not)."""
     tp = mlp.tp.size
-    if tp > 1 and shape == local and shape != expected:
+    if tp > 1 and wants_global and shape == local:
         return (f" (this rank's shard shape at TP={tp}: load_full_state_dict takes the global "
                 f"tensors of full_state_dict(), load_state_dict this rank's shards)")
-    if tp > 1 and shape == glob and shape != expected:
+    if tp > 1 and not wants_global and shape == glob:
         return (f" (the global shape: load_state_dict takes this rank's shards at TP={tp}, "
                 f"load_full_state_dict the global tensors of full_state_dict())")
+    expected = glob if wants_global else local
     if key == "fc1.weight" and len(shape) == 2 and shape[1] == expected[1]:
         if mlp.activation.gated and shape[0] * 2 == expected[0]:
             return " (it looks like a non-gated fc1; this module's activation is gated)"
@@ -87,8 +89,8 @@ def _check(mlp, state_dict) -> None:
         t = state_dict[key]
         _check_values(key, t)
         if tuple(t.shape) != shape:
-            hint = _shape_hint(mlp, key, tuple(t.shape), shape,
-                               _local_shape(shape, dim, mlp.tp.size), shape)
+            hint = _shape_hint(mlp, key, tuple(t.shape), _local_shape(shape, dim, mlp.tp.size),
+                               shape, wants_global=True)
             raise ValueError(f"state_dict[{key!r}] has shape {tuple(t.shape)}, expected the "
                              f"global shape {shape}{hint}")
         if not t.is_floating_point():
@@ -120,9 +122,8 @@ def check_local_state_dict(mlp, state_dict, strict: bool, assign: bool,
         if t.shape != param.shape:
             hint = ""
             if key in layout:
-                glob = layout[key][0]
-                hint = _shape_hint(mlp, key, tuple(t.shape), tuple(param.shape),
-                                   tuple(param.shape), glob)
+                hint = _shape_hint(mlp, key, tuple(t.shape), tuple(param.shape), layout[key][0],
+                                   wants_global=False)
             raise ValueError(f"state_dict[{key!r}] has shape {tuple(t.shape)}, expected this "
                              f"rank's shape {tuple(param.shape)}{hint}")
 

@@ -60,7 +60,10 @@ def test_init_is_the_same_at_every_tp_size(tmp_path):
         assert torch.equal(single.state_dict()[k], v), k
 
 
-def _bad_state_dicts(good):
+def _bad_state_dicts(good, local):
+    """Bad state dicts, the error each must raise from load_full_state_dict (global tensors) or,
+    ``local``, from the module's load_state_dict (this rank's shards; at TP=1 the same shapes)."""
+    expected = "this rank's shape" if local else "the global shape"
     missing = {k: v for k, v in good.items() if k != "fc2.bias"}
     extra = dict(good, **{"fc3.weight": torch.zeros(1)})
     wrong_shape = dict(good, **{"fc2.weight": torch.zeros(D, H + 1)})
@@ -74,24 +77,32 @@ def _bad_state_dicts(good):
     return [
         (missing, ValueError, r"missing keys \['fc2.bias'\]"),
         (extra, ValueError, r"unexpected keys \['fc3.weight'\]"),
-        (wrong_shape, ValueError, r"'fc2.weight'\] has shape \(16, 25\), expected the global shape \(16, 24\)"),
+        (wrong_shape, ValueError, rf"'fc2.weight'\] has shape \(16, 25\), expected {expected} \(16, 24\)"),
         (non_gated, ValueError, r"looks like a non-gated fc1"),
         (not_float, TypeError, r"must be floating point"),
-        ([1, 2], TypeError, r"state_dict must be a dict"),
+        ([1, 2], TypeError, r"state_dict must be a mapping" if local else r"state_dict must be a dict"),
         (on_meta, ValueError, r"'fc2.bias'\] is on the meta device and holds no values"),
         (sparse, TypeError, r"'fc2.bias'\] must be a dense \(strided\) tensor, got layout torch.sparse_coo"),
-        (scalar, ValueError, r"'fc1.weight'\] has shape \(\), expected the global shape \(48, 16\)$"),
+        (scalar, ValueError, rf"'fc1.weight'\] has shape \(\), expected {expected} \(48, 16\)$"),
     ]
 
 
-@pytest.mark.parametrize("case", range(9))
-def test_bad_state_dict_raises_and_changes_nothing(case):
+# load_state_dict copies an integer tensor into the parameters as torch's does (case 4)
+BAD_LOADS = [(local, case) for local in (False, True) for case in range(9)
+             if not (local and case == 4)]
+
+
+@pytest.mark.parametrize("local, case", BAD_LOADS)
+def test_bad_state_dict_raises_and_changes_nothing(local, case):
+    """Every entry is checked before any is written (torch's own load_state_dict writes each
+    entry that fits and reports the rest at the end), so all four parameters stay as they were."""
     mlp = make()
-    good = {k: torch.randn_like(v) for k, v in mlp.full_state_dict().items()}
+    source = mlp.state_dict() if local else mlp.full_state_dict()
+    good = {k: torch.randn_like(v) for k, v in source.items()}
     before = {k: v.clone() for k, v in mlp.state_dict().items()}
-    sd, exc, msg = _bad_state_dicts(good)[case]
+    sd, exc, msg = _bad_state_dicts(good, local)[case]
     with pytest.raises(exc, match=msg):
-        mlp.load_full_state_dict(sd)
+        (mlp.load_state_dict if local else mlp.load_full_state_dict)(sd)
     for k, v in mlp.state_dict().items():
         assert torch.equal(v, before[k]), k
 
@@ -107,31 +118,6 @@ def test_loading_into_a_module_still_on_meta_is_refused():
     good = make().full_state_dict()
     with pytest.raises(ValueError, match=r"on the meta device, where a load writes nothing"):
         make(device="meta").load_full_state_dict(good)
-
-
-def _local_bad_state_dicts(good):
-    """load_state_dict's (this rank's shards) counterparts of _bad_state_dicts."""
-    cases = _bad_state_dicts(good)[:3] + _bad_state_dicts(good)[6:]
-    local = []
-    for sd, exc, msg in cases:
-        msg = msg.replace("expected the global shape", "expected this rank's shape")
-        msg = msg.replace("does not fit this ParallelMLP:", r"does not fit this ParallelMLP \(strict=True\):")
-        local.append((sd, exc, msg))
-    return local
-
-
-@pytest.mark.parametrize("case", range(6))
-def test_load_state_dict_checks_everything_before_writing(case):
-    """torch's load_state_dict writes each entry that fits and reports the rest at the end; the
-    module's checks every entry first, so a bad one leaves all four parameters as they were."""
-    mlp = make()
-    good = {k: torch.randn_like(v) for k, v in mlp.state_dict().items()}
-    before = {k: v.clone() for k, v in mlp.state_dict().items()}
-    sd, exc, msg = _local_bad_state_dicts(good)[case]
-    with pytest.raises(exc, match=msg):
-        mlp.load_state_dict(sd)
-    for k, v in mlp.state_dict().items():
-        assert torch.equal(v, before[k]), k
 
 
 def test_load_state_dict_still_loads_what_fits():
