@@ -437,6 +437,14 @@ def _errors(rank, world):
         build_module(mlp_spec(), config=_config("swiglu", ffn_hidden_size=45))
     with pytest.raises(TypeError, match=r"mlp_spec: unknown options \['recompte'\]; known"):
         mlp_spec(recompte=True)
+    # a load that does not fit changes nothing (torch's load_state_dict writes what fits first)
+    ours = our_mlp(_config("swiglu", add_bias_linear=True))
+    before = {k: v.clone() for k, v in ours.state_dict().items() if torch.is_tensor(v)}
+    bad = {k: torch.randn_like(v) if torch.is_tensor(v) else v for k, v in ours.state_dict().items()}
+    bad["linear_fc2.bias"] = torch.zeros(1)
+    with pytest.raises(ValueError, match=r"'linear_fc2.bias'\] has shape \(1,\), expected this rank's"):
+        ours.load_state_dict(bad)
+    assert all(torch.equal(v, before[k]) for k, v in ours.state_dict().items() if torch.is_tensor(v))
 
 
 def test_errors_name_the_parameter():
