@@ -364,7 +364,8 @@ class ParallelMLPFunction(torch.autograd.Function):
         overlap = comm_overlap and tp.size > 1
         # Autocast is resolved here once; the ops below must see exactly the dtypes chosen.
         with _autocast_off(x.device.type):
-            x2d = _cast(_rows(x), dtype)
+            x_rows = _rows(x)
+            x2d = _cast(x_rows, dtype)
             w1c, b1c = _cast(w1, dtype), _cast(b1, dtype)
             w2c, b2c = _cast(w2, dtype), _cast(b2, dtype)
             # Every GEMM operand of both passes is one of these, or a tensor with their row widths
@@ -394,8 +395,13 @@ class ParallelMLPFunction(torch.autograd.Function):
         # T=8192 that is 117 MB above eager's step peak, which frees its activation earlier).
         # Under saved-tensor hooks (activation checkpointing, save_on_cpu) it is saved like the
         # rest, so that the hooks see it.
+        # Where x2d only folds x's leading dims, x itself is saved and folded again in backward:
+        # a view of it made here (autograd is off inside forward) would turn a later in-place
+        # edit of x into torch's "view created in no_grad mode" error at the edit, where
+        # nn.Linear's caller gets the saved-tensor version check at backward.
+        folded = x2d is x_rows and x_rows is not x and x_rows._is_view()
         hooked = _saved_tensor_hooks_active()
-        ctx.save_for_backward(x2d, w1c, b1c, w2c, preact if hooked else None)
+        ctx.save_for_backward(x if folded else x2d, w1c, b1c, w2c, preact if hooked else None)
         ctx.preact = None if hooked else preact
         # The parameters themselves, for their main_grad / .grad buffers; one attribute, as each
         # costs the host a dictionary store.
@@ -411,7 +417,8 @@ class ParallelMLPFunction(torch.autograd.Function):
     @staticmethod
     @_not_differentiable
     def backward(ctx, dy):
-        x2d, w1c, b1c, w2c, saved_preact = ctx.saved_tensors
+        x_saved, w1c, b1c, w2c, saved_preact = ctx.saved_tensors
+        x2d = _rows(x_saved)
         preact = ctx.preact if ctx.preact is not None else saved_preact
         ctx.preact = None
         # No preact: recompute mode, or a second backward (retain_graph) after the first freed it.

@@ -106,6 +106,23 @@ def test_the_output_can_be_modified_in_place(shape, backend):
     torch.testing.assert_close(x.grad.reshape(-1, 12).double(), ref_g["x"], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("backend", ["torch", "auto"])
+@pytest.mark.parametrize("shape", [(12,), (2, 3, 12), (4, 12)])
+def test_an_input_edited_in_place_is_caught_at_backward(shape, backend):
+    """As with nn.Linear: editing x in place after the forward is allowed until a backward needs
+    the x it saved, and that backward raises torch's saved-tensor version error."""
+    torch.manual_seed(0)
+    mlp = ParallelMLP(12, 16, activation="swiglu", backend=backend)
+    leaf = torch.randn(shape, requires_grad=True)
+    x = leaf * 1.0
+    y = mlp(x)
+    x.add_(1.0)
+    with torch.no_grad():
+        x.mul_(2.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
 def test_float64_stays_float64_to_the_bias_gradients():
     """Every gradient of an fp64 layer, the bias sums too, at fp64's precision against torch's
     own fp64 ops."""
