@@ -54,6 +54,26 @@ def test_ranks_built_differently_fail_fast_instead_of_hanging():
     run_distributed(2, _different_configs)
 
 
+def _unequal_inputs(rank, world, sequence_parallel, overlap):
+    # Built alike (the construction check passes); then each rank passes a different T.
+    mlp = ParallelMLP(16, 32, activation="swiglu", sequence_parallel=sequence_parallel,
+                      tp_comm_overlap=overlap)
+    x = torch.randn(4 + rank, 16, requires_grad=True)
+    with pytest.raises(RuntimeError, match="Detected mismatch between collectives"):
+        mlp(x).sum().backward()
+
+
+@pytest.mark.parametrize("sequence_parallel, overlap",
+                         [(False, False), (True, False), (True, True)])
+def test_unequal_inputs_are_named_under_torch_distributed_debug(monkeypatch, sequence_parallel,
+                                                                 overlap):
+    """What the README's errors bullet tells a user: per-call shapes are not compared across ranks
+    by the layer, but every collective it issues goes through the process group, so
+    TORCH_DISTRIBUTED_DEBUG=DETAIL names the mismatch on each rank instead of a hang or a crash."""
+    monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")  # the spawned ranks inherit it
+    run_distributed(2, _unequal_inputs, sequence_parallel, overlap)
+
+
 def shards(rows=16, d=8, h=8, out=8, dtype=torch.float32):
     return torch.randn(3, d, dtype=dtype), torch.randn(rows, d, dtype=dtype), torch.randn(out, h, dtype=dtype)
 
