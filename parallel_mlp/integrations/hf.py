@@ -149,9 +149,10 @@ def _trace_forward(cls: type) -> tuple | None:
     except (OSError, TypeError, SyntaxError):
         return None
     fn = tree.body[0]
+    if not isinstance(fn, ast.FunctionDef):
+        return None
     args = fn.args
-    if (not isinstance(fn, ast.FunctionDef) or len(args.args) != 2 or args.vararg
-            or args.kwonlyargs or args.kwarg or args.defaults):
+    if len(args.args) != 2 or args.vararg or args.kwonlyargs or args.kwarg or args.defaults:
         return None
     env = {args.args[1].arg: "x"}
 
@@ -201,12 +202,16 @@ def _three_linears(model: nn.Module) -> dict[str, nn.Module]:
             if all(isinstance(getattr(m, p, None), nn.Linear) for p in PROJECTIONS)}
 
 
+def _plain(modules: dict[str, nn.Module]) -> dict[str, nn.Module]:
+    """Those of ``modules`` whose forward is the plain gated MLP (:func:`plain_gated_forward`)."""
+    return {name: m for name, m in modules.items() if plain_gated_forward(type(m))}
+
+
 def find_gated_mlps(model: nn.Module) -> dict[str, nn.Module]:
     """Every module of ``model`` (by name, shared modules under each of their names) whose
     ``gate_proj``, ``up_proj`` and ``down_proj`` are ``nn.Linear`` layers and whose forward is
     the plain gated MLP (:func:`plain_gated_forward`)."""
-    return {name: m for name, m in _three_linears(model).items()
-            if plain_gated_forward(type(m))}
+    return _plain(_three_linears(model))
 
 
 @functools.cache
@@ -267,7 +272,7 @@ def replace_mlps(model: nn.Module, tp_group: dist.ProcessGroup | None = None,
                 if "sequence_parallel" in unknown else "")
         raise TypeError(f"replace_mlps: unknown options {unknown}{hint}; known: {list(OPTIONS)}")
     candidates = _three_linears(model)
-    mlps = {name: m for name, m in candidates.items() if plain_gated_forward(type(m))}
+    mlps = _plain(candidates)
     other = sorted({type(m).__name__ for m in candidates.values()} -
                    {type(m).__name__ for m in mlps.values()})
     why = ("their forward is not down_proj(act_fn(gate_proj(x)) * up_proj(x)) alone (a clamp, "
