@@ -6,8 +6,6 @@ with the torch reference in tests/kernels/test_ops_gpu.py (test_device_math_matc
 every act/dact variant).
 """
 
-import os
-
 import pytest
 
 pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
