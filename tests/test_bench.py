@@ -6,6 +6,7 @@ themselves working, so that the one GPU run they get does not die on a typo.
 """
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -433,7 +434,10 @@ def test_checkpointed_eager_is_eager_to_the_bit_and_keeps_x_alone(act):
     model = CheckpointedEagerMLP(w1.clone(), w2.clone(), act)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         model(x)
-    assert saved == [(T, d)], saved  # x itself; the replay in backward saves the rest
+    # x itself; the replay in backward saves the rest. Some torch versions' checkpoint also saves
+    # an empty placeholder (shape (0,) with torch 2.9), which holds no memory.
+    kept = [shape for shape in saved if math.prod(shape) > 0]
+    assert kept == [(T, d)], saved
 
 
 def test_train_step_clears_every_parameters_grad_each_step():
