@@ -438,6 +438,7 @@ def test_checkpointed_eager_is_eager_to_the_bit_and_keeps_x_alone(act):
     # an empty placeholder (shape (0,) with torch 2.9), which holds no memory.
     kept = [shape for shape in saved if math.prod(shape) > 0]
     assert kept == [(T, d)], saved
+    assert all(shape == (0,) for shape in saved if shape not in kept), saved
 
 
 def test_train_step_clears_every_parameters_grad_each_step():
