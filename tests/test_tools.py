@@ -146,6 +146,13 @@ def test_pytest_shards_refuses_a_deadline_without_seconds(tmp_path):
     assert r.returncode == 2 and "--deadline takes a number of seconds" in r.stderr
 
 
+def _cuda_event(name, start, end):
+    from types import SimpleNamespace
+
+    tr = SimpleNamespace(start=start, end=end, elapsed_us=lambda: end - start)
+    return SimpleNamespace(name=name, device_type=torch.autograd.DeviceType.CUDA, time_range=tr)
+
+
 def test_profile_step_kernel_table_counts_kernels_and_gaps_not_step_markers():
     """kernel_table on synthetic CUDA events: two steps of two kernels, with the profiler
     schedule's GPU-side step markers (which span the step) left out of busy time and gaps."""
@@ -153,21 +160,44 @@ def test_profile_step_kernel_table_counts_kernels_and_gaps_not_step_markers():
 
     from parallel_mlp.bench import profile_step
 
-    cuda = torch.autograd.DeviceType.CUDA
-
-    def event(name, start, end):
-        tr = SimpleNamespace(start=start, end=end, elapsed_us=lambda: end - start)
-        return SimpleNamespace(name=name, device_type=cuda, time_range=tr)
-
+    event = _cuda_event
     events = [
         event("ProfilerStep#1", 0, 1000), event("fc1", 0, 400), event("fc2", 500, 900),
         event("ProfilerStep#2", 1000, 2000), event("fc1", 1000, 1400), event("fc2", 1400, 1800),
     ]
     prof = SimpleNamespace(events=lambda: events)
-    busy, span, rows = profile_step.kernel_table(prof, steps=2)
+    busy, span, rows, note = profile_step.kernel_table(prof, steps=2)
     assert busy == 0.8 and span == 0.9  # ms per step: 1600 us busy, 1800 us span, over 2 steps
     assert [r[0] for r in rows] == ["fc1", "fc2"]
     assert rows[1][2] == 0.05  # fc2's idle before: 100 us in step 1, 0 in step 2
+    assert note == ""
+
+
+def test_profile_step_kernel_table_lists_the_common_sequence_when_a_step_differs():
+    """Three steps whose markers span only the forward's kernels (the backward's launch from
+    another thread), one of them with a kernel record missing: the rows are the other two
+    steps' sequence in launch order, each kernel its own mean, and the note says so; the busy
+    time still counts every kernel."""
+    from types import SimpleNamespace
+
+    from parallel_mlp.bench import profile_step
+
+    event = _cuda_event
+    events = []
+    for step, (t0, kernels) in enumerate([(0, ["fwd", "bwd", "fill"]), (1000, ["fwd", "bwd"]),
+                                          (2000, ["fwd", "bwd", "fill"])]):
+        events.append(event(f"ProfilerStep#{step + 1}", t0, t0 + 300))  # the forward's only
+        for j, name in enumerate(kernels):
+            ms = {"fwd": 300, "bwd": 500 + 100 * step, "fill": 10}[name]
+            start = t0 + [0, 300, 900][j]
+            events.append(event(name, start, start + ms))
+    prof = SimpleNamespace(events=lambda: events)
+    busy, span, rows, note = profile_step.kernel_table(prof, steps=3)
+    assert [r[0] for r in rows] == ["fwd", "bwd", "fill"]
+    assert rows[1][1] == 0.6  # bwd's mean over steps 1 and 3: (500 + 700) / 2 us
+    assert rows[2][2] == (0.1 + 0.0) / 2  # fill's idle before: 900 - 800 us in step 1, none in step 3
+    assert busy == (300 * 3 + 500 + 600 + 700 + 20) / 3 / 1e3
+    assert "2 of 3 steps" in note and "kernels per step: 3, 2, 3" in note
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")

@@ -20,40 +20,58 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from collections import defaultdict
+from bisect import bisect_right
+from collections import Counter
 
 import torch
 
 
 def kernel_table(prof, steps: int):
-    """(per-step busy ms, per-step span ms, [(name, ms per step)]) from the CUDA kernel events of
-    a profile; the rows follow one step's launch order (every step launches the same sequence),
-    each the mean over the steps."""
-    kernels = [e for e in prof.events()
-               if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.elapsed_us() > 0
-               and not e.name.startswith("ProfilerStep")]  # the schedule's step markers, not work
+    """(per-step busy ms, per-step span ms, [(name, ms per step, idle ms before)], note) from the
+    CUDA kernel events of a profile. The rows follow one step's launch order, each the mean over
+    the steps that launched the most common sequence of kernels; the note says how many steps
+    did, when not all (a record CUPTI dropped or split under a replayed CUDA graph, a capture in
+    the window), or is empty. Steps are told apart by the profiler's GPU-side step markers, or
+    without them by count."""
+    cuda = [e for e in prof.events()
+            if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.elapsed_us() > 0]
+    # the schedule's step markers span a step's work, they are not work
+    kernels = sorted((e for e in cuda if not e.name.startswith("ProfilerStep")), key=lambda e: e.time_range.start)
     if not kernels:
-        return 0.0, 0.0, []
-    kernels.sort(key=lambda e: e.time_range.start)
+        return 0.0, 0.0, [], ""
     start, end = kernels[0].time_range.start, max(e.time_range.end for e in kernels)
     busy = sum(e.time_range.elapsed_us() for e in kernels)
-    per_step = len(kernels) // steps
     # The GPU's idle time before each kernel (0 for the first one profiled).
     gaps = [0.0] + [max(0.0, b.time_range.start - a.time_range.end) for a, b in zip(kernels, kernels[1:])]
-    rows = []
-    if per_step * steps == len(kernels):
-        for i in range(per_step):
-            same = range(i, len(kernels), per_step)
-            rows.append((kernels[i].name,
-                         sum(kernels[j].time_range.elapsed_us() for j in same) / steps / 1e3,
-                         sum(gaps[j] for j in same) / steps / 1e3))
-    else:  # steps launched different sequences: totals per kernel name instead
-        totals, idle = defaultdict(float), defaultdict(float)
-        for e, g in zip(kernels, gaps):
-            totals[e.name] += e.time_range.elapsed_us()
-            idle[e.name] += g
-        rows = sorted(((n, t / steps / 1e3, idle[n] / steps / 1e3) for n, t in totals.items()), key=lambda r: -r[1])
-    return busy / steps / 1e3, (end - start) / steps / 1e3, rows
+    per_step = split_steps(kernels, cuda, steps)
+    sequences = Counter(tuple(kernels[i].name for i in step) for step in per_step)
+    common, count = sequences.most_common(1)[0]
+    chosen = [step for step in per_step if tuple(kernels[i].name for i in step) == common]
+    rows = [(name,
+             sum(kernels[step[j]].time_range.elapsed_us() for step in chosen) / count / 1e3,
+             sum(gaps[step[j]] for step in chosen) / count / 1e3)
+            for j, name in enumerate(common)]
+    note = ""
+    if count < len(per_step):
+        sizes = ", ".join(str(len(step)) for step in per_step)
+        note = (f"{count} of {len(per_step)} steps launched this sequence of {len(common)} kernels "
+                f"(kernels per step: {sizes}); the rows are those steps' means")
+    return busy / steps / 1e3, (end - start) / steps / 1e3, rows, note
+
+
+def split_steps(kernels, cuda_events, steps: int) -> list[list[int]]:
+    """The indices of ``kernels`` (sorted by start) that each profiled step launched: a kernel
+    belongs to the last GPU-side step marker that started before it (a step's marker spans only
+    the kernels its own thread launched, not autograd's backward thread's, so its start is what
+    counts), or, with no markers, ``steps`` equal slices."""
+    starts = sorted(e.time_range.start for e in cuda_events if e.name.startswith("ProfilerStep"))
+    if not starts:
+        n = len(kernels) // steps
+        return [list(range(i * n, (i + 1) * n)) for i in range(steps)]
+    out = [[] for _ in starts]
+    for i, k in enumerate(kernels):
+        out[max(0, bisect_right(starts, k.time_range.start) - 1)].append(i)
+    return out
 
 
 def host_and_gpu_ms(step, steps: int):
@@ -158,12 +176,14 @@ def main(argv=None) -> int:
         if args.trace_dir:
             os.makedirs(args.trace_dir, exist_ok=True)
             trace = os.path.join(args.trace_dir, name.replace(" ", "_") + ".json")
-        busy, span, rows = profile(step, args.steps, trace=trace)
+        busy, span, rows, note = profile(step, args.steps, trace=trace)
         host, wall = host_and_gpu_ms(step, args.steps)
         alloc = allocator_calls_per_step(step, args.steps)
         print(f"\n{name}: step span {span:.3f} ms ({flops / span / 1e9:.0f} TF/s), kernels {busy:.3f} ms, "
               f"gaps {span - busy:.3f} ms; unprofiled: host {host:.3f} ms/step, wall {wall:.3f} ms/step")
         print("  per step: " + ", ".join(f"{k} {v:g}" for k, v in alloc.items()))
+        if note:
+            print("  " + note)
         print(f"  {'kernel ms':>9s} {'idle before':>11s}")
         for kname, ms, gap in rows:
             print(f"  {ms:9.3f} {gap:11.3f}  {short(kname)}")
