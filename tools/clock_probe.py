@@ -1,8 +1,8 @@
 """Time against the clock: ms per call, mean SM clock and board power per workload.
 
-    python3 tools/clock_probe.py [--h 7168] [--seconds 2] [--rounds 3]
+    python3 tools/clock_probe.py [--h 7168] [--T 8192 --d 4096] [--seconds 2] [--rounds 3]
                                  [--also consumers=cooperative,tile_n=256 ...]
-    python3 tools/clock_probe.py --mlp swiglu:14336 [--compile]
+    python3 tools/clock_probe.py --mlp swiglu:14336 [--T 8192 --d 4096] [--compile]
 
 The H200 is power-bound: its SM clock falls when a kernel draws more power (more HBM traffic,
 more shared-memory traffic per FLOP). Two kernels can then differ in time while taking the same
@@ -13,8 +13,7 @@ Each --also adds our plain dy@W2 and its dact at their default configs with thos
 fields replaced (as `python -m parallel_mlp.bench configs --also`), to see what a tile, a
 cluster shape or an L2 policy does to the clock.
 
---mlp ACT:H runs whole MLP training steps instead (T=8192, d=4096, the bench's models and
-train_step): PyTorch eager, ours, ours with recompute (and torch.compile with --compile), each
+--mlp ACT:H runs whole MLP training steps instead (the bench's models and train_step): PyTorch eager, ours, ours with recompute (and torch.compile with --compile), each
 sustained as training runs it. The bench times its variants step by step in turn, so they share
 one clock; sustained, each variant runs at the clock its own power draw allows, and a kernel that
 takes fewer cycles but more energy than cuBLAS's gains less than the interleaved ratio says.
@@ -126,6 +125,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python3 tools/clock_probe.py", description=__doc__.split("\n")[0])
     p.add_argument("--h", type=int, default=7168)
     p.add_argument("--act", default="swiglu")
+    p.add_argument("--T", type=int, default=8192, help="tokens (the GEMMs' M)")
+    p.add_argument("--d", type=int, default=4096, help="model width (dy@W2's K)")
     p.add_argument("--seconds", type=float, default=2.0)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--also", action="append", default=[], metavar="FIELD=VALUE[,FIELD=VALUE]",
@@ -142,9 +143,9 @@ def main(argv=None) -> int:
     sampler = Sampler(Nvml())
     sampler.start()
     if args.mlp:
-        work = mlp_workloads(args.mlp, args.compile)
+        work = mlp_workloads(args.mlp, args.compile, T=args.T, d=args.d)
     else:
-        work = workloads(args.h, act=args.act, also=also)
+        work = workloads(args.h, T=args.T, d=args.d, act=args.act, also=also)
     stats = {name: [] for name in work}
     for fn in (f for _, f in work.values()):  # compile / load before anything is timed
         fn()
@@ -168,7 +169,8 @@ def main(argv=None) -> int:
             s = sampler.between(t0 + 0.2 * (t1 - t0), t1)  # past the switch-over
             stats[name].append((ms, statistics.mean(m for m, _ in s), statistics.mean(w for _, w in s), flops))
     sampler.stop.set()
-    what = f"MLP {args.mlp} T=8192 d=4096" if args.mlp else f"h={args.h} act={args.act}"
+    what = f"MLP {args.mlp}" if args.mlp else f"h={args.h} act={args.act}"
+    what += f" T={args.T} d={args.d}"
     print(f"{what}; {torch.cuda.get_device_name()}; {args.rounds} rounds of {args.seconds} s each")
     first = next(iter(stats))
     print(f"{'workload':56s} {'ms/call':>8s} {'TF/s':>6s} {'MHz':>6s} {'W':>6s} {'kcycles':>8s} {'x ' + first:>10s}")
