@@ -197,7 +197,7 @@ def test_profile_step_kernel_table_lists_the_common_sequence_when_a_step_differs
     assert rows[1][1] == 0.6  # bwd's mean over steps 1 and 3: (500 + 700) / 2 us
     assert rows[2][2] == (0.1 + 0.0) / 2  # fill's idle before: 900 - 800 us in step 1, none in step 3
     assert busy == (300 * 3 + 500 + 600 + 700 + 20) / 3 / 1e3
-    assert "2 of 3 steps" in note and "kernels per step: 3, 2, 3" in note
+    assert "2 of the 3 spans" in note and "kernels per span: 3, 2, 3" in note
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")
