@@ -13,8 +13,9 @@ Each --also adds our plain dy@W2 and its dact at their default configs with thos
 fields replaced (as `python -m parallel_mlp.bench configs --also`), to see what a tile, a
 cluster shape or an L2 policy does to the clock.
 
---mlp ACT:H runs whole MLP training steps instead (the bench's models and train_step): PyTorch eager, ours, ours with recompute (and torch.compile with --compile), each
-sustained as training runs it. The bench times its variants step by step in turn, so they share
+--mlp ACT:H runs whole MLP training steps instead (the bench's models and train_step): PyTorch
+eager, ours, ours with recompute (and torch.compile with --compile), each sustained as training
+runs it. The bench times its variants step by step in turn, so they share
 one clock; sustained, each variant runs at the clock its own power draw allows, and a kernel that
 takes fewer cycles but more energy than cuBLAS's gains less than the interleaved ratio says.
 """
