@@ -200,6 +200,37 @@ def test_profile_step_kernel_table_lists_the_common_sequence_when_a_step_differs
     assert "2 of the 3 spans" in note and "kernels per span: 3, 2, 3" in note
 
 
+def test_profile_step_kernel_table_without_markers_splits_by_count():
+    """No GPU-side step markers: the kernels split into equal slices, one per step; a slice that
+    differs is named in the note; fewer kernels than steps list nothing and say why."""
+    from types import SimpleNamespace
+
+    from parallel_mlp.bench import profile_step
+
+    event = _cuda_event
+    names = ["a", "b", "a", "b", "a", "c"]
+    events = [event(n, 100 * i, 100 * i + 50) for i, n in enumerate(names)]
+    busy, span, rows, note = profile_step.kernel_table(SimpleNamespace(events=lambda: events), steps=3)
+    assert [r[0] for r in rows] == ["a", "b"] and rows[0][1] == 0.05
+    assert busy == 0.1 and "2 of the 3 spans" in note and "kernels per span: 2, 2, 2" in note
+
+    one = [event("a", 0, 50)]
+    busy, span, rows, note = profile_step.kernel_table(SimpleNamespace(events=lambda: one), steps=3)
+    assert rows == [] and "1 kernel record(s) over 3 steps" in note
+
+
+def test_clock_probe_refuses_a_shape_that_is_not_positive(capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("clock_probe", TOOLS / "clock_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    with pytest.raises(SystemExit) as exit_info:
+        probe.main(["--T", "0"])
+    assert exit_info.value.code == 2
+    assert "--T must be a positive integer, got 0" in capsys.readouterr().err
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")
 def test_clock_probe_needs_a_gpu():
     import importlib.util

@@ -15,9 +15,9 @@ cluster shape or an L2 policy does to the clock.
 
 --mlp ACT:H runs whole MLP training steps instead (the bench's models and train_step): PyTorch
 eager, ours, ours with recompute (and torch.compile with --compile), each sustained as training
-runs it. The bench times its variants step by step in turn, so they share
-one clock; sustained, each variant runs at the clock its own power draw allows, and a kernel that
-takes fewer cycles but more energy than cuBLAS's gains less than the interleaved ratio says.
+runs it. The bench times its variants step by step in turn, so they share one clock; sustained,
+each variant runs at the clock its own power draw allows, and a kernel that takes fewer cycles but
+more energy than cuBLAS's gains less than the interleaved ratio says.
 """
 
 from __future__ import annotations
@@ -136,6 +136,9 @@ def main(argv=None) -> int:
                    help="time MLP training steps (eager, ours, ours recompute) instead of GEMMs")
     p.add_argument("--compile", action="store_true", help="with --mlp: torch.compile's step too")
     args = p.parse_args(argv)
+    for name in ("T", "d", "h", "rounds"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be a positive integer, got {getattr(args, name)}")
     from parallel_mlp.bench.gemm_configs import _parse_fields
 
     also = [_parse_fields(a) for a in args.also]

@@ -47,6 +47,9 @@ def kernel_table(prof, steps: int):
     gaps = [0.0] + [max(0.0, b.time_range.start - a.time_range.end) for a, b in zip(kernels, kernels[1:])]
     per_step = split_steps(kernels, cuda, steps)
     sequences = Counter(tuple(kernels[i].name for i in step) for step in per_step if step)
+    if not sequences:  # fewer kernels than steps, and no markers to place them
+        return busy / steps / 1e3, (end - start) / steps / 1e3, [], (
+            f"{len(kernels)} kernel record(s) over {steps} steps: no step's sequence to list")
     common, count = sequences.most_common(1)[0]
     chosen = [step for step in per_step if tuple(kernels[i].name for i in step) == common]
     rows = [(name,
@@ -56,9 +59,9 @@ def kernel_table(prof, steps: int):
     note = ""
     if count < len(per_step):
         sizes = ", ".join(str(len(step)) for step in per_step)
-        note = (f"{count} of the {len(per_step)} spans between step markers launched this sequence "
-                f"of {len(common)} kernels (kernels per span: {sizes}; a step's records may be "
-                f"split across spans or missing); the rows are those spans' means")
+        note = (f"{count} of the {len(per_step)} spans (between step markers, else equal slices) "
+                f"launched this sequence of {len(common)} kernels (kernels per span: {sizes}; a "
+                f"step's records may be split across spans or missing); the rows are those spans' means")
     return busy / steps / 1e3, (end - start) / steps / 1e3, rows, note
 
 
