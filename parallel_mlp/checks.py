@@ -16,6 +16,14 @@ def require_positive_int(name: str, value) -> int:
     return value
 
 
+def require_flag(name: str, value) -> bool:
+    """An on/off option: True or False (0 and 1 too, bool being an int). Anything else is refused
+    rather than read by its truth: the string "false" from a config file is truthy."""
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise TypeError(f"{name} must be True or False, got {type(value).__name__} ({value!r})")
+
+
 def require_divisible(name: str, value: int, tp_size: int) -> None:
     if value % tp_size != 0:
         raise ValueError(

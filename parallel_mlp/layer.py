@@ -15,7 +15,8 @@ from .activations import get_activation
 from .autograd import FunctionOptions, ParallelMLPFunction, apply_function, replays_launches
 from .backends import check_backend_name
 from .checks import (check_sequence_parallel_input, check_shards, plainly_valid,
-                     require_divisible, require_float_dtype, require_positive_int)
+                     require_divisible, require_flag, require_float_dtype,
+                     require_positive_int)
 from .params import set_muon_hooks, set_tp_metadata
 from . import small_step
 from .tp import TPGroup, all_gather_objects, resolve_group
@@ -38,7 +39,8 @@ def parallel_mlp_func(x, w1, w2, activation, *, b1=None, b2=None, tp_group=None,
     act = get_activation(activation)
     check_backend_name(backend)
     tp = tp_group if isinstance(tp_group, TPGroup) else resolve_group(tp_group)
-    return _run(x, w1, b1, w2, b2, act, tp, sequence_parallel, recompute, fuse_grad_accum,
+    return _run(x, w1, b1, w2, b2, act, tp, require_flag("sequence_parallel", sequence_parallel),
+                require_flag("recompute", recompute), require_flag("fuse_grad_accum", fuse_grad_accum),
                 backend, tp_comm_overlap)
 
 
@@ -279,8 +281,10 @@ class ParallelMLP(checkpoint.ChecksBeforeLoading, nn.Module):
             in_features, hidden_features, out_features)
         self.activation = act
         self.recompute, self.fuse_grad_accum, self.backend = (
-            bool(recompute), bool(fuse_grad_accum), backend)
-        self.sequence_parallel = bool(sequence_parallel)
+            require_flag("recompute", recompute), require_flag("fuse_grad_accum", fuse_grad_accum),
+            backend)
+        self.sequence_parallel = require_flag("sequence_parallel", sequence_parallel)
+        bias1, bias2 = require_flag("bias1", bias1), require_flag("bias2", bias2)
         self.tp_comm_overlap = tp_comm_overlap
         self._check_same_config_across_ranks(bias1, bias2, dtype)
 

@@ -36,6 +36,28 @@ def test_bad_sizes(kw, exc, msg):
         ParallelMLP(**kw)
 
 
+@pytest.mark.parametrize("name", ["recompute", "fuse_grad_accum", "sequence_parallel", "bias1",
+                                  "bias2"])
+@pytest.mark.parametrize("value", ["false", None, 2, 0.0])
+def test_on_off_options_take_true_or_false_only(name, value):
+    # "false" (from a config file, say) is truthy: read by its truth it would turn the option on
+    with pytest.raises(TypeError, match=rf"{name} must be True or False, got "
+                                        rf"{type(value).__name__} \({value!r}\)"):
+        ParallelMLP(8, **{name: value})
+    on = ParallelMLP(8, 16, **{name: 1})  # 0 and 1 are bools' own values
+    if name in ("bias1", "bias2"):
+        assert (on.fc1 if name == "bias1" else on.fc2).bias is not None
+    else:
+        assert getattr(on, name) is True
+
+
+@pytest.mark.parametrize("name", ["recompute", "fuse_grad_accum", "sequence_parallel"])
+def test_the_functions_on_off_options_take_true_or_false_only(name):
+    x, w1, w2 = torch.randn(3, 8), torch.randn(32, 8), torch.randn(8, 16)
+    with pytest.raises(TypeError, match=rf"{name} must be True or False, got str \('no'\)"):
+        parallel_mlp_func(x, w1, w2, "swiglu", **{name: "no"})
+
+
 def _not_divisible(rank, world):
     with pytest.raises(ValueError, match=r"hidden_features=10 is not divisible by the tensor-parallel size 4"):
         ParallelMLP(8, 10)

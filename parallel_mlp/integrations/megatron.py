@@ -31,7 +31,8 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
 from ..activations import get_activation
-from ..checks import require_divisible
+from ..backends import check_backend_name
+from ..checks import require_divisible, require_flag
 from ..checkpoint import ChecksBeforeLoading
 from ..layer import ColumnParallelShard, RowParallelShard, parallel_mlp_func
 from ..overlap import check_option as check_overlap_option
@@ -177,9 +178,10 @@ class MegatronParallelMLP(ChecksBeforeLoading, MegatronModule):
         self.hidden_size = hidden
         self.sequence_parallel = bool(config.sequence_parallel) and self.tp.size > 1
         if fuse_grad_accum is None:
-            fuse_grad_accum = getattr(config, "gradient_accumulation_fusion", False)
-        self.fuse_grad_accum = bool(fuse_grad_accum)
-        self.recompute, self.backend = bool(recompute), backend
+            self.fuse_grad_accum = bool(getattr(config, "gradient_accumulation_fusion", False))
+        else:
+            self.fuse_grad_accum = require_flag("fuse_grad_accum", fuse_grad_accum)
+        self.recompute, self.backend = require_flag("recompute", recompute), check_backend_name(backend)
         if tp_comm_overlap is None:
             tp_comm_overlap = bool(getattr(config, "tp_comm_overlap", False))
         check_overlap_option(tp_comm_overlap)

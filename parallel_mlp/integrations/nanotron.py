@@ -40,7 +40,8 @@ from nanotron.parallel.tensor_parallel.enum import TensorParallelLinearMode
 from torch import nn
 
 from ..activations import get_activation
-from ..checks import require_divisible
+from ..backends import check_backend_name
+from ..checks import require_divisible, require_flag
 from ..checkpoint import ChecksBeforeLoading
 from ..layer import TPShard, parallel_mlp_func
 from ..overlap import check_option as check_overlap_option
@@ -126,7 +127,7 @@ class NanotronParallelMLP(ChecksBeforeLoading, nn.Module):
             mode = TensorParallelLinearMode[mode.upper()]
         self.tp = resolve_group(tp_pg)
         self.sequence_parallel = mode is TensorParallelLinearMode.REDUCE_SCATTER
-        self.recompute, self.backend = bool(recompute), backend
+        self.recompute, self.backend = require_flag("recompute", recompute), check_backend_name(backend)
         if tp_comm_overlap is None:
             asynchronous = getattr(parallel_config, "tp_linear_async_communication", False)
             tp_comm_overlap = "auto" if asynchronous else False

@@ -437,6 +437,13 @@ def _errors(rank, world):
         build_module(mlp_spec(), config=_config("swiglu", ffn_hidden_size=45))
     with pytest.raises(TypeError, match=r"mlp_spec: unknown options \['recompte'\]; known"):
         mlp_spec(recompte=True)
+    # the options are refused at construction, before a first forward
+    with pytest.raises(TypeError, match=r"recompute must be True or False, got str \('no'\)"):
+        our_mlp(_config("swiglu"), recompute="no")
+    with pytest.raises(TypeError, match=r"fuse_grad_accum must be True or False, got str"):
+        our_mlp(_config("swiglu"), fuse_grad_accum="False")
+    with pytest.raises(ValueError, match=r"backend='cuda' is not known"):
+        build_module(mlp_spec(backend="cuda"), config=_config("swiglu"))
     # a load that does not fit changes nothing (torch's load_state_dict writes what fits first)
     ours = our_mlp(_config("swiglu", add_bias_linear=True))
     before = {k: v.clone() for k, v in ours.state_dict().items() if torch.is_tensor(v)}

@@ -166,6 +166,10 @@ def _overlap_follows_async_communication(rank, world):
     close("d down", forced.down_proj.weight.grad, plain.down_proj.weight.grad)
     with pytest.raises(ValueError, match="tp_comm_overlap=1.5"):
         NanotronParallelMLP(config, parallel, group, tp_comm_overlap=1.5)
+    with pytest.raises(TypeError, match=r"recompute must be True or False, got str \('no'\)"):
+        NanotronParallelMLP(config, parallel, group, recompute="no")
+    with pytest.raises(ValueError, match=r"backend='cuda' is not known"):
+        NanotronParallelMLP(config, parallel, group, backend="cuda")
 
 
 def test_tp_comm_overlap_follows_async_communication():
