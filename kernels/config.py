@@ -234,11 +234,6 @@ class GemmConfig:
     # Every other group walks its long side from the far end, so each group starts on the A rows
     # (or B columns) that the one before it ended on.
     serpentine: bool = False
-    # Clock cycles the producer of every odd persistent cluster waits before its first load, so
-    # that half the SMs run their mainloops while the other half run their epilogues, instead of
-    # every SM asking L2 for A/B tiles at once and then idling the tensor cores through its
-    # epilogue together. 0: no wait.
-    stagger: int = 0
 
     def __post_init__(self):
         for name in ("l2_prefetch", "stream_k", "dact_pair_swap", "serpentine", "pdl"):
@@ -261,8 +256,6 @@ class GemmConfig:
                 f"cluster=({self.cluster_m},{self.cluster_n}): at most 2 CTAs per cluster (2x1 or "
                 "1x2); a Hopper GPU fits too few 4-CTA clusters at once for a persistent grid"
             )
-        if isinstance(self.stagger, bool) or not isinstance(self.stagger, int) or not 0 <= self.stagger <= 10**6:
-            raise ValueError(f"stagger={self.stagger!r}: must be an int of clock cycles, 0 to 1000000")
         if self.scheduler not in ("static", "dynamic"):
             raise ValueError(f"scheduler={self.scheduler!r}: must be 'static' or 'dynamic'")
         if self.scheduler == "dynamic" and (self.cluster_m, self.cluster_n) != (1, 1):
@@ -348,7 +341,6 @@ class GemmConfig:
         st += "" if self.raster_along == "n" else "_rm"
         st += "_sp" if self.serpentine else ""
         st += "_pdl" if self.pdl else ""
-        st += f"_stg{self.stagger}" if self.stagger else ""
         return (
             f"t{self.tile_m}x{self.tile_n}_c{self.cluster_m}x{self.cluster_n}"
             f"_g{self.raster_group}_sm{self.num_sms}{sched}{cons}{pf}{l2}{st}"

@@ -529,8 +529,6 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
                         tma_f, gF, num_sub,
                     )
                 else:
-                    if cutlass.const_expr(self.cfg.stagger > 0):
-                        self._stagger_odd_clusters()
                     work = sched.initial_work_tile_info()
                     while work.is_valid_tile:
                         state = self._produce_tile_at(
@@ -632,15 +630,6 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
                         work = sched.get_current_work()
                 store_pipeline.producer_tail()
 
-
-    @cute.jit
-    def _stagger_odd_clusters(self):
-        """The producer of an odd persistent cluster spins config.stagger clock cycles before its
-        first load (see GemmConfig.stagger)."""
-        if cute.arch.block_idx()[2] % 2 == 1:
-            start = cute.arch.clock64()
-            while cute.arch.clock64() - start < self.cfg.stagger:
-                pass
 
     # ---- stream-K (config.stream_k; see tile_scheduler) --------------------------------------------
 
