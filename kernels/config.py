@@ -234,14 +234,9 @@ class GemmConfig:
     # Every other group walks its long side from the far end, so each group starts on the A rows
     # (or B columns) that the one before it ended on.
     serpentine: bool = False
-    # Cooperative dact whose in-place preact ring holds a whole tile (dact_prefetch=3 at 128x128):
-    # the store warp issues all of a tile's preact subtiles before its mainloop, the last one once
-    # the tile before's last stores have read its slot, instead of that one during the epilogue,
-    # where its load had only the epilogue's first subtiles to land behind.
-    preact_whole_tile: bool = False
 
     def __post_init__(self):
-        for name in ("l2_prefetch", "stream_k", "dact_pair_swap", "serpentine", "pdl", "preact_whole_tile"):
+        for name in ("l2_prefetch", "stream_k", "dact_pair_swap", "serpentine", "pdl"):
             # a string such as "no" would otherwise switch the option on without a word
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be True or False")
@@ -346,7 +341,6 @@ class GemmConfig:
         st += "" if self.raster_along == "n" else "_rm"
         st += "_sp" if self.serpentine else ""
         st += "_pdl" if self.pdl else ""
-        st += "_pwt" if self.preact_whole_tile else ""
         return (
             f"t{self.tile_m}x{self.tile_n}_c{self.cluster_m}x{self.cluster_n}"
             f"_g{self.raster_group}_sm{self.num_sms}{sched}{cons}{pf}{l2}{st}"

@@ -159,22 +159,8 @@ class EpiloguePipelineSm90:
         slots' stores finished by the tile before's last acquire). No-op without a preact."""
         if cutlass.const_expr(self.ch_width["L"] > 0):
             if is_store_warp:
-                num_sub = self.tile_shape_mnk[1] // self.epi_tile[1]
-                for e in cutlass.range_constexpr(min(self.l_ahead, num_sub)):
+                for e in cutlass.range_constexpr(min(self.l_ahead, self.tile_shape_mnk[1] // self.epi_tile[1])):
                     self._load_preact(ep, tc, e, count + e, 0)
-                if cutlass.const_expr(self._preact_whole_tile()):
-                    # the rest of the tile's subtiles, into the slots the tile before's last
-                    # stores read from (dpreact in place) once they have
-                    cute.arch.cp_async_bulk_wait_group(0, read=True)
-                    for e in cutlass.range_constexpr(self.l_ahead, num_sub):
-                        self._load_preact(ep, tc, e, count + e, 0)
-
-    def _preact_whole_tile(self) -> bool:
-        """config.preact_whole_tile where it applies: a cooperative (or handoff) in-place preact
-        ring with a slot for every subtile of a tile."""
-        num_sub = self.tile_shape_mnk[1] // self.epi_tile[1]
-        return (self.cfg.preact_whole_tile and self.ch_width["L"] > 0 and self.dpre_in_place
-                and not self.pingpong and self.l_ring >= num_sub)
 
     def _policy(self, which: int):
         """The L2 policy operand of config.cache_hints for A/B loads (0), epilogue loads (1) or
@@ -274,8 +260,7 @@ class EpiloguePipelineSm90:
         subtile e + l_ahead's. Pingpong (every slot filled before the tile): subtile
         e - 1 + l_ring's."""
         num_sub = self.tile_shape_mnk[1] // self.epi_tile[1]
-        if cutlass.const_expr(self.dpre_in_place and not self.pingpong and e + self.l_ahead < num_sub
-                              and not self._preact_whole_tile()):
+        if cutlass.const_expr(self.dpre_in_place and not self.pingpong and e + self.l_ahead < num_sub):
             self._load_preact(ep, tc, e + self.l_ahead, l_count + self.l_ahead, wg)
         if cutlass.const_expr(self.dpre_in_place and self.pingpong and self.l_ring > 1 and e >= 1
                               and e - 1 + self.l_ring < num_sub):
