@@ -228,7 +228,7 @@ def test_clock_probe_refuses_a_shape_that_is_not_positive(capsys):
     with pytest.raises(SystemExit) as exit_info:
         probe.main(["--T", "0"])
     assert exit_info.value.code == 2
-    assert "--T must be a positive integer, got 0" in capsys.readouterr().err
+    assert "argument --T: expected a positive int, got 0" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")

@@ -123,22 +123,21 @@ def mlp_workloads(spec: str, compile_too: bool, T: int = 8192, d: int = 4096):
 
 
 def main(argv=None) -> int:
+    from parallel_mlp.kernels.warmup import positive_int
+
     p = argparse.ArgumentParser(prog="python3 tools/clock_probe.py", description=__doc__.split("\n")[0])
-    p.add_argument("--h", type=int, default=7168)
+    p.add_argument("--h", type=positive_int, default=7168)
     p.add_argument("--act", default="swiglu")
-    p.add_argument("--T", type=int, default=8192, help="tokens (the GEMMs' M)")
-    p.add_argument("--d", type=int, default=4096, help="model width (dy@W2's K)")
+    p.add_argument("--T", type=positive_int, default=8192, help="tokens (the GEMMs' M)")
+    p.add_argument("--d", type=positive_int, default=4096, help="model width (dy@W2's K)")
     p.add_argument("--seconds", type=float, default=2.0)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=positive_int, default=3)
     p.add_argument("--also", action="append", default=[], metavar="FIELD=VALUE[,FIELD=VALUE]",
                    help="also our plain dy@W2 and its dact with these GemmConfig fields replaced; repeatable")
     p.add_argument("--mlp", default=None, metavar="ACT:H",
                    help="time MLP training steps (eager, ours, ours recompute) instead of GEMMs")
     p.add_argument("--compile", action="store_true", help="with --mlp: torch.compile's step too")
     args = p.parse_args(argv)
-    for name in ("T", "d", "h", "rounds"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name} must be a positive integer, got {getattr(args, name)}")
     from parallel_mlp.bench.gemm_configs import _parse_fields
 
     also = [_parse_fields(a) for a in args.also]
