@@ -7,6 +7,7 @@ import weakref
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from . import checkpoint
@@ -139,7 +140,10 @@ class _KeptLimit(NamedTuple):
     options: tuple
     numel: int  # x.numel() below which the step takes the small step
     shapes: tuple
-    run: object  # small_step.bias_free_step of the options' activation
+    post: object  # small_step.plain_activation of the options' activation (None: gated)
+    # The launch graphs' switch (replays_launches) that numel was worked out for, or None where
+    # the rule gives the same numel either way (non-gated steps): the lane tests it only then.
+    graphs: bool | None
     # The fused function's options for the steps from numel on (None: no fast lane for them)
     function_options: FunctionOptions | None = None
 
@@ -160,16 +164,21 @@ def _small_step_limit(w1, w2, options: tuple, kept: _KeptLimit | None,
         return kept._replace(w1=weakref.ref(w1), w2=weakref.ref(w2),
                              function_options=function_options)
     tp_size, recompute, fuse_grad_accum, act, launch_graphs, device_type = options
-    numel = 0
-    if w1.dim() == 2 and w2.dim() == 2:  # else the checks refuse them, in _run
+
+    def numel_with(graphs: bool) -> int:
+        if w1.dim() != 2 or w2.dim() != 2:  # the checks refuse them, in _run
+            return 0
         (fc1_rows, in_features), (out_features, hidden) = shapes
-        numel = in_features * small_step.row_limit(
+        return in_features * small_step.row_limit(
             in_features, fc1_rows, hidden, out_features, device_type=device_type,
             backend="auto", tp_size=tp_size, recompute=recompute,
             fuse_grad_accum=fuse_grad_accum, compiling=False, gate_ops=act.gate is not None,
-            launch_graphs=launch_graphs)
+            launch_graphs=graphs)
+
+    numel = numel_with(launch_graphs)
+    graphs = None if numel_with(not launch_graphs) == numel else launch_graphs
     return _KeptLimit(weakref.ref(w1), weakref.ref(w2), options, numel, shapes,
-                      small_step.bias_free_step(act), function_options)
+                      small_step.plain_activation(act), graphs, function_options)
 
 
 def default_hidden_features(in_features: int, gated: bool) -> int:
@@ -371,14 +380,19 @@ class ParallelMLP(checkpoint.ChecksBeforeLoading, nn.Module):
             # benchmarks/h100-fused-fast-lane.txt).
             s1, s2 = modules["fc1"], modules["fc2"]
             w1, w2 = s1._parameters.get("weight"), s2._parameters.get("weight")
-            options = kept.options
-            if (w1 is not None and w2 is not None and kept.w1() is w1 and kept.w2() is w2
+            options, graphs = kept.options, kept.graphs
+            if (kept.w1() is w1 is not None and kept.w2() is w2 is not None
                     and s1.__dict__.get("bias", w1) is None and s2.__dict__.get("bias", w2) is None
                     and options[5] == ("cuda" if x.is_cuda else x.device.type)
-                    and options[4] == replays_launches(None, None)):
+                    and (graphs is None or graphs == replays_launches(None, None))):
                 if x.numel() < kept.numel and x.dtype.is_floating_point:
+                    post = kept.post
                     try:
-                        return kept.run(x, w1, w2)
+                        # small_step.small_step's ops; a non-gated step's three called here,
+                        # without a frame around them
+                        if post is not None:
+                            return F.linear(post(F.linear(x, w1)), w2)
+                        return small_step.small_step(x, w1, None, w2, None, options[3])
                     except Exception:  # the checks' error names the input and rule
                         check_shards(x, w1, None, w2, None, options[3])
                         raise
