@@ -12,7 +12,6 @@ Gated activations read an interleaved pre-activation: column ``2i`` is gate unit
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -167,9 +166,8 @@ def glu_grad(g, u, m):
 # spelling against the formula.
 
 
-# A partial, not a function around F.gelu: a host-bound step calls it on every forward, and a
-# partial adds no Python frame to the call.
-_gelu_tanh_approx_eager = functools.partial(F.gelu, approximate="tanh")
+def _gelu_tanh_approx_eager(x):
+    return F.gelu(x, approximate="tanh")
 
 
 def _relu_sq_eager(x):

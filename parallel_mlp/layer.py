@@ -7,7 +7,6 @@ import weakref
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from . import checkpoint
@@ -140,10 +139,7 @@ class _KeptLimit(NamedTuple):
     options: tuple
     numel: int  # x.numel() below which the step takes the small step
     shapes: tuple
-    post: object  # small_step.plain_activation of the options' activation (None: gated)
-    # The launch graphs' switch (replays_launches) that numel was worked out for, or None where
-    # the rule gives the same numel either way (non-gated steps): the lane tests it only then.
-    graphs: bool | None
+    run: object  # small_step.bias_free_step of the options' activation
     # The fused function's options for the steps from numel on (None: no fast lane for them)
     function_options: FunctionOptions | None = None
 
@@ -164,21 +160,16 @@ def _small_step_limit(w1, w2, options: tuple, kept: _KeptLimit | None,
         return kept._replace(w1=weakref.ref(w1), w2=weakref.ref(w2),
                              function_options=function_options)
     tp_size, recompute, fuse_grad_accum, act, launch_graphs, device_type = options
-
-    def numel_with(graphs: bool) -> int:
-        if w1.dim() != 2 or w2.dim() != 2:  # the checks refuse them, in _run
-            return 0
+    numel = 0
+    if w1.dim() == 2 and w2.dim() == 2:  # else the checks refuse them, in _run
         (fc1_rows, in_features), (out_features, hidden) = shapes
-        return in_features * small_step.row_limit(
+        numel = in_features * small_step.row_limit(
             in_features, fc1_rows, hidden, out_features, device_type=device_type,
             backend="auto", tp_size=tp_size, recompute=recompute,
             fuse_grad_accum=fuse_grad_accum, compiling=False, gate_ops=act.gate is not None,
-            launch_graphs=graphs)
-
-    numel = numel_with(launch_graphs)
-    graphs = None if numel_with(not launch_graphs) == numel else launch_graphs
+            launch_graphs=launch_graphs)
     return _KeptLimit(weakref.ref(w1), weakref.ref(w2), options, numel, shapes,
-                      small_step.plain_activation(act), graphs, function_options)
+                      small_step.bias_free_step(act), function_options)
 
 
 def default_hidden_features(in_features: int, gated: bool) -> int:
@@ -380,19 +371,14 @@ class ParallelMLP(checkpoint.ChecksBeforeLoading, nn.Module):
             # benchmarks/h100-fused-fast-lane.txt).
             s1, s2 = modules["fc1"], modules["fc2"]
             w1, w2 = s1._parameters.get("weight"), s2._parameters.get("weight")
-            options, graphs = kept.options, kept.graphs
-            if (kept.w1() is w1 is not None and kept.w2() is w2 is not None
+            options = kept.options
+            if (w1 is not None and w2 is not None and kept.w1() is w1 and kept.w2() is w2
                     and s1.__dict__.get("bias", w1) is None and s2.__dict__.get("bias", w2) is None
                     and options[5] == ("cuda" if x.is_cuda else x.device.type)
-                    and (graphs is None or graphs == replays_launches(None, None))):
+                    and options[4] == replays_launches(None, None)):
                 if x.numel() < kept.numel and x.dtype.is_floating_point:
-                    post = kept.post
                     try:
-                        # small_step.small_step's ops; a non-gated step's three called here,
-                        # without a frame around them
-                        if post is not None:
-                            return F.linear(post(F.linear(x, w1)), w2)
-                        return small_step.small_step(x, w1, None, w2, None, options[3])
+                        return kept.run(x, w1, w2)
                     except Exception:  # the checks' error names the input and rule
                         check_shards(x, w1, None, w2, None, options[3])
                         raise

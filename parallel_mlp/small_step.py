@@ -236,14 +236,15 @@ def small_step(x: torch.Tensor, w1: torch.Tensor, b1, w2: torch.Tensor, b2,
     return F.linear(post, w2, b2)
 
 
-def plain_activation(act: Activation):
-    """The non-gated activation as :func:`small_step` applies it between its two ``F.linear``
-    calls, for ParallelMLP's fast lane to call straight (without small_step's frame around its
-    three ops, which a host-bound step pays for on every call); None for a gated one, whose
-    small step the lane leaves to small_step."""
+def bias_free_step(act: Activation):
+    """:func:`small_step` without biases, as one callable ``(x, w1, w2) -> y`` made once per
+    activation (ParallelMLP keeps it beside its row limit): a non-gated step calls its three ops
+    straight, without the frames of small_step and Activation.autograd_forward around them, which
+    a host-bound step pays for on every call."""
     if act.gated:
-        return None
-    return act.eager if act.eager is not None else act.autograd_forward
+        return lambda x, w1, w2: small_step(x, w1, None, w2, None, act)
+    post = act.eager if act.eager is not None else act.autograd_forward
+    return lambda x, w1, w2: F.linear(post(F.linear(x, w1)), w2)
 
 
 def lean_gradients_into(dg: torch.Tensor, du: torch.Tensor, g: torch.Tensor, u: torch.Tensor,

@@ -161,37 +161,24 @@ def test_small_step_matches_the_reference_with_every_gradient(name, bias, lead):
 
 @pytest.mark.parametrize("rows", [3, 40])  # gated: one GEMM, then two (rows per feature)
 @pytest.mark.parametrize("name", sorted(ACTIVATIONS))
-def test_the_fast_lane_is_the_small_step_to_the_bit(name, rows, monkeypatch):
-    """The module's fast lane (a kept limit: a non-gated step's three ops called straight, a
-    gated one through small_step) gives small_step's output and gradients, bit for bit, for
-    every activation; a non-floating x there gets the checks' error."""
-    from parallel_mlp import layer
-
+def test_the_bias_free_step_is_the_small_step_to_the_bit(name, rows):
+    """The module's fast lane runs small_step.bias_free_step; the full path, small_step itself:
+    the same output and gradients, bit for bit, for every activation."""
     act = ACTIVATIONS[name]
-    monkeypatch.setattr(small_step, "applies", _rule_below(10 ** 6, []))
     torch.manual_seed(0)
     d, h = 8, 12
-    mlp = ParallelMLP(d, h, activation=name)
-    w1, w2 = mlp.fc1.weight, mlp.fc2.weight
+    w1 = torch.randn((2 if act.gated else 1) * h, d, requires_grad=True)
+    w2 = torch.randn(d, h, requires_grad=True)
     x = torch.randn(rows, d, requires_grad=True)
     dy = torch.randn(rows, d)
-    mlp(x)  # keeps the limit
-    assert "_kept_small_step_limit" in mlp.__dict__
-    full_path = []
-    weight_and_bias = layer._weight_and_bias
-    monkeypatch.setattr(layer, "_weight_and_bias",
-                        lambda shard: full_path.append(shard) or weight_and_bias(shard))
     results = []
-    for step in (mlp, lambda x: small_step.small_step(x, w1, None, w2, None, act)):
-        y = step(x)
+    for step in (small_step.bias_free_step(act),
+                 lambda x, w1, w2: small_step.small_step(x, w1, None, w2, None, act)):
+        y = step(x, w1, w2)
         grads = torch.autograd.grad(y, (x, w1, w2), dy)
         results.append([y, *grads])
-    assert full_path == []  # the module's step took the fast lane
-    assert _took_small_step(results[0][0])
     for got, want in zip(*results):
         assert torch.equal(got, want)
-    with pytest.raises(TypeError, match="x must be a floating-point tensor"):
-        mlp(torch.ones(rows, d, dtype=torch.int64))
 
 
 def test_gated_fc1_runs_as_two_gemms_from_the_rows_per_feature_threshold(monkeypatch):
@@ -322,9 +309,8 @@ def _took_small_step(y):
 def test_the_module_keeps_the_rules_row_limit_for_its_weights_and_options(monkeypatch):
     """ParallelMLP's forward asks the rule once per set of weights and options (a bisection of
     the rows), then compares x's rows with the limit it kept: the small step below, the fused
-    function from it, each as the rule says; weights of another shape, an option, or the launch
-    graphs' switch where the rule's limit moves with it make it ask again, new weights of the
-    same shapes do not."""
+    function from it, each as the rule says; weights of another shape, an option or the launch
+    graphs' switch make it ask again, new weights of the same shapes do not."""
     from parallel_mlp.launch_graphs import GRAPHS
 
     asked = []
@@ -334,8 +320,7 @@ def test_the_module_keeps_the_rules_row_limit_for_its_weights_and_options(monkey
     x6, x7 = torch.randn(2, 3, 16), torch.randn(7, 16)
     assert _took_small_step(mlp(x6)) and not _took_small_step(mlp(x7))
     first = len(asked)
-    # asked with the launch graphs' switch as it is, and as it is not (whether the limit moves)
-    assert first > 0 and {o["launch_graphs"] for _, o, _ in asked} == {True, False}
+    assert first > 0 and all(o["launch_graphs"] == GRAPHS.enabled for _, o, _ in asked)
     for _ in range(3):
         assert _took_small_step(mlp(x6)) and not _took_small_step(mlp(x7))
     assert len(asked) == first  # kept
@@ -354,25 +339,10 @@ def test_the_module_keeps_the_rules_row_limit_for_its_weights_and_options(monkey
     assert _took_small_step(mlp(x6)) and len(asked) > count
     asked_for = {sizes for _, _, sizes in asked[count:]}
     assert asked_for == {(16, 14, 14, 16)}
-    # This rule's limit is the same with the launch graphs on and off (as the real rule's is for
-    # a non-gated step): the kept limit holds across the switch.
     count = len(asked)
     monkeypatch.setattr(GRAPHS, "enabled", not GRAPHS.enabled)
-    assert _took_small_step(mlp(x6)) and len(asked) == count
-    # One whose limit moves with the switch (as the real rule's does for a gated step): turned,
-    # the switch sends the step through the full path, which asks again.
-    monkeypatch.setattr(GRAPHS, "enabled", False)
-    monkeypatch.setattr(small_step, "applies", lambda rows, *sizes, **options: (
-        asked.append((rows, options, sizes)) or rows < (3 if options["launch_graphs"] else 7)))
-    mlp.backend = "auto"  # drops the kept limit
-    assert _took_small_step(mlp(x6)) and mlp.__dict__["_kept_small_step_limit"].graphs is False
-    count = len(asked)
-    monkeypatch.setattr(GRAPHS, "enabled", True)
-    assert not _took_small_step(mlp(x6))
-    assert len(asked) > count and mlp.__dict__["_kept_small_step_limit"].graphs is True
-    monkeypatch.setattr(small_step, "applies", _rule_below(7, asked))
-    mlp.backend = "auto"
     mlp(x6)
+    assert len(asked) > count and asked[-1][1]["launch_graphs"] == GRAPHS.enabled
     # The values are the fused function's either way.
     y_small = mlp(x6)
     monkeypatch.setattr(small_step, "applies", lambda *a, **k: False)
@@ -602,15 +572,14 @@ def test_the_small_step_runs_without_the_checks_when_nothing_fails(monkeypatch):
 def test_the_layer_tells_the_rule_whether_its_groups_would_replay(monkeypatch, enabled, bias,
                                                                    want):
     """launch_graphs=True only where the fused path would replay launch groups: the graphs on
-    and no biases (a step with biases launches one by one). A layer that keeps the rule's limit
-    asks first with its own switch, then with the other (whether the limit moves with it)."""
+    and no biases (a step with biases launches one by one)."""
     from parallel_mlp.launch_graphs import GRAPHS
 
     asked = []
     monkeypatch.setattr(small_step, "applies", lambda *a, **k: asked.append(k) or False)
     monkeypatch.setattr(GRAPHS, "enabled", enabled)
     ParallelMLP(16, 12, activation="swiglu", bias1=bias, bias2=bias)(torch.randn(4, 16))
-    assert [k["launch_graphs"] for k in asked] == ([want] if bias else [want, not want])
+    assert [k["launch_graphs"] for k in asked] == [want]
 
 
 def test_gated_steps_run_fused_at_every_size_under_launch_graphs():
