@@ -407,6 +407,26 @@ def test_host_stub_paired_runs_two_revisions_side_by_side(tmp_path, capsys):
     assert all(line.rstrip().endswith("x") for line in lines[1:])
 
 
+def test_small_step_lane_times_the_layers_lane_beside_eager_and_a_base_revision(monkeypatch,
+                                                                              capsys):
+    """tools/small_step_lane.py: the layer (its rule forced to the small step, which it checks
+    the step took), a base revision's layer, eager's module and the bare ops, each a row of
+    forward and fwd+bwd times with ratios to eager's, on the CPU."""
+    if subprocess.run(["git", "rev-parse", "HEAD"], cwd=TOOLS.parent, capture_output=True).returncode:
+        pytest.skip("not a git checkout")
+    from parallel_mlp import small_step
+
+    monkeypatch.setattr(small_step, "applies", small_step.applies)  # restored afterwards
+    monkeypatch.syspath_prepend(str(TOOLS))
+    import small_step_lane
+
+    assert small_step_lane.main(["HEAD", "--rounds", "2", "--steps", "2"]) == 0
+    rows = capsys.readouterr().out.splitlines()[2:]
+    assert [row.split()[0] for row in rows] == ["eager", "layer", "layer@HEAD", "bare"]
+    assert rows[0].split()[2] == "1.000" and rows[0].split()[4] == "1.000"
+    assert all(float(v) > 0 for row in rows for v in row.split()[-4:])
+
+
 def test_plain_gemms_graphs_about_two_milliseconds_of_work_per_replay(monkeypatch):
     """tools/plain_gemms.py: each graph holds enough calls (1 to 20) for ~2 ms at ~600 TFLOP/s,
     so that short GEMMs are timed as kernels, not launches; it needs a GPU to run."""
