@@ -31,10 +31,6 @@ TILE_K = 64
 # N = 7168 ran 1.4% faster than at 192 and its dact 1.2% slower, so no default picks it. 176
 # (32B swizzle) ran 16-22% slower in the same run and is not offered.
 TILE_N_CHOICES = (64, 128, 160, 192, 256)
-# Widest tile of two CTAs per SM (ctas_per_sm=2): each consumer thread of a 128 x 64 tile holds
-# 32 fp32 accumulators, and the kernel compiles to 80 registers without spilling (the short-K
-# dact, tools/sass_counts.py, 2026-12-07); 128 x 128's WGMMA alone needs 90.
-TWO_PER_SM_MAX_N = 64
 
 # Pingpong: most fp32 accumulators one consumer thread may hold (one warpgroup owns a whole tile).
 # 192 (a 128x192 tile) leaves ~40 of the consumer's 232 registers for everything else: ptxas
@@ -238,14 +234,6 @@ class GemmConfig:
     # Every other group walks its long side from the far end, so each group starts on the A rows
     # (or B columns) that the one before it ended on.
     serpentine: bool = False
-    # CTAs resident on an SM at once: 1, or 2 so that one CTA's epilogue can meet the other's
-    # mainloop, with eight epilogue warps each (the short-K dact, whose epilogue takes about as
-    # long as its mainloop; kernels/NOTES.md, "Open problems"). Two CTAs of 384 threads share
-    # the SM's 65,536 registers and 228 KB of shared memory: ptxas then compiles every warp to 80
-    # registers (setmaxnreg cannot raise that), too few for a 128x128 tile's WGMMA (90), so the
-    # tile is 128x64 or narrower; each CTA's shared memory is half the SM's less 1 KB.
-    # Cooperative 128-row tiles, static scheduler, no stream-K. Not used by the default rule.
-    ctas_per_sm: int = 1
 
     def __post_init__(self):
         for name in ("l2_prefetch", "stream_k", "dact_pair_swap", "serpentine", "pdl"):
@@ -328,18 +316,6 @@ class GemmConfig:
             raise ValueError(f"epi_n={self.epi_n}: must be 16 or 32")
         if not 2 <= self.max_stages <= 8:
             raise ValueError(f"max_stages={self.max_stages}: must be 2 to 8")
-        if self.ctas_per_sm not in (1, 2):
-            raise ValueError(f"ctas_per_sm={self.ctas_per_sm!r}: must be 1 or 2")
-        if self.ctas_per_sm == 2 and not (
-                self.consumers == "cooperative" and self.tile_m == 128
-                and self.tile_n <= TWO_PER_SM_MAX_N and self.scheduler == "static"
-                and not self.stream_k):
-            raise ValueError(
-                f"ctas_per_sm=2 with tile {self.tile_m}x{self.tile_n}, consumers={self.consumers!r}, "
-                f"scheduler={self.scheduler!r}, stream_k={self.stream_k}: two CTAs per SM run "
-                f"cooperative 128-row tiles of at most {TWO_PER_SM_MAX_N} columns (80 registers a "
-                "thread) with the static scheduler, without stream-K"
-            )
         if self.dact_prefetch not in (1, 2, 3):
             raise ValueError(f"dact_prefetch={self.dact_prefetch}: must be 1, 2 or 3")
         if self.consumers == "pingpong" and self.dact_prefetch > 2:
@@ -365,7 +341,6 @@ class GemmConfig:
         st += "" if self.raster_along == "n" else "_rm"
         st += "_sp" if self.serpentine else ""
         st += "_pdl" if self.pdl else ""
-        st += "" if self.ctas_per_sm == 1 else f"_o{self.ctas_per_sm}"
         return (
             f"t{self.tile_m}x{self.tile_n}_c{self.cluster_m}x{self.cluster_n}"
             f"_g{self.raster_group}_sm{self.num_sms}{sched}{cons}{pf}{l2}{st}"

@@ -78,14 +78,6 @@ SMEM_CAPACITY = 232448  # max dynamic smem per CTA on sm_90 (227 KB)
 # warpgroups): 128 x 32 + 512 x 112 = 61,440. An increase past the pool waits forever.
 PRODUCER_REGS = {1: 40, 2: 40, 3: 32, 4: 32}
 CONSUMER_REGS = {1: 232, 2: 232, 3: 160, 4: 112}
-# Two CTAs of 384 threads per SM (GemmConfig.ctas_per_sm): launched at 80 registers a thread
-# (65,536 / 768, down to a multiple of 8), a pool of 30,720. ptxas compiles the whole kernel to
-# the smaller of that and the consumers' setmaxnreg (it reported 168 at the 232 above and 112 at
-# 112; with two CTAs, "Insufficient registers (80)" for a 128x128 WGMMA whatever the increase),
-# so two CTAs per SM run without setmaxnreg: every warp keeps the 80 it is launched with.
-# Shared memory per CTA with two per SM: half the SM's 228 KB, less the 1 KB the SM reserves for
-# each resident CTA.
-SMEM_CAPACITY_TWO_PER_SM = 233472 // 2 - 1024
 PREACT_RING = 2  # preact slots of the dact that writes dpreact to buffers of its own
 
 # Named barrier IDs (0 is __syncthreads). Cooperative: 1 = the 256 consumer threads' epilogue
@@ -121,12 +113,7 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
         self.num_consumer_wg = self.num_mma_wg * (2 if self.handoff else 1)
         self.num_threads = 128 * (1 + self.num_consumer_wg)
         self.epi_tile = (config.tile_m, config.epi_n)
-        self.ctas_per_sm = config.ctas_per_sm
-        self.max_active_clusters = config.num_sms * config.ctas_per_sm // (config.cluster_m * config.cluster_n)
-        self.smem_capacity = SMEM_CAPACITY if config.ctas_per_sm == 1 else SMEM_CAPACITY_TWO_PER_SM
-        # (producer, consumer) registers a thread after setmaxnreg; None: no setmaxnreg
-        self.regs = None if config.ctas_per_sm == 2 else (
-            PRODUCER_REGS[self.num_consumer_wg], CONSUMER_REGS[self.num_consumer_wg])
+        self.max_active_clusters = config.num_sms // (config.cluster_m * config.cluster_n)
         self.dynamic = config.scheduler == "dynamic"
         self.dact_pair_swap = config.dact_pair_swap
         self.stream_k = config.stream_k
@@ -197,7 +184,7 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
             tm * w * dtypes[c].width // 8 * stages[c] if w else 1024 for c, w in widths.items()
         )
         stage_bytes = (tm * tk) * a_dtype.width // 8 + (tn * tk) * b_dtype.width // 8
-        ab_stages = min((self.smem_capacity - epi_bytes - 1024) // stage_bytes, self.cfg.max_stages)
+        ab_stages = min((SMEM_CAPACITY - epi_bytes - 1024) // stage_bytes, self.cfg.max_stages)
         # Handoff: an absent channel's placeholder is 16-byte aligned instead of taking a 1 KB
         # slot, and the stage count is what the laid-out storage fits (_handoff_stages): with
         # the 64 KB of accumulators beside them, the gated dact's 16-column buffers leave room
@@ -221,7 +208,7 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
 
     def _handoff_stages(self, widths, stages, dtypes, stage_bytes):
         """The most A/B stages (up to max_stages) whose SharedStorage, laid out field by field
-        as __call__ declares it, fits the CTA's shared memory, for the handoff schedule."""
+        as __call__ declares it, fits SMEM_CAPACITY, for the handoff schedule."""
         tm, tn, _ = self.tile_shape_mnk
 
         def up(x, a):
@@ -236,7 +223,7 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
             for c, w in widths.items():
                 size = tm * w * dtypes[c].width // 8 * stages[c] if w else dtypes[c].width // 8
                 off = up(off, self.ch_align[c]) + size
-            if up(off, 1024) <= self.smem_capacity:
+            if up(off, 1024) <= SMEM_CAPACITY:
                 return n
         return 1
 
@@ -393,10 +380,10 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
         self.shared_storage = SharedStorage
         # A launch with more shared memory than the SM has fails only on the GPU; fail at compile
         # time instead, where the selfcheck sees it.
-        if cutlass.const_expr(SharedStorage.size_in_bytes() > self.smem_capacity):
+        if cutlass.const_expr(SharedStorage.size_in_bytes() > SMEM_CAPACITY):
             raise ValueError(
                 f"{self.cfg.key} {self.epi.key}: shared storage {SharedStorage.size_in_bytes()} B "
-                f"exceeds {self.smem_capacity} B"
+                f"exceeds {SMEM_CAPACITY} B"
             )
 
         self.kernel(
@@ -408,10 +395,7 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
             grid=grid,
             block=[self.num_threads, 1, 1],
             cluster=(cm, cn, 1),
-            min_blocks_per_mp=self.ctas_per_sm,
-            # two CTAs' halves of shared memory need all of it as shared memory (left unset, the
-            # DSL would ask the device at compile time)
-            preferred_smem_carveout=100 if self.ctas_per_sm > 1 else None,
+            min_blocks_per_mp=1,
             stream=stream,
             use_pdl=self.cfg.pdl,
         )
@@ -523,8 +507,7 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
 
         if wg_idx == 0:
             # ---------------- producer warpgroup ----------------
-            if cutlass.const_expr(self.regs is not None):
-                cute.arch.setmaxregister_decrease(self.regs[0])
+            cute.arch.setmaxregister_decrease(PRODUCER_REGS[self.num_consumer_wg])
             if warp_idx == 0:
                 if cutlass.const_expr(self.dynamic):
                     sched = tile_scheduler.DynamicProducer.create(sched_params, index_pipe, s_idx, mCounter.iterator)
@@ -559,8 +542,7 @@ class PersistentGemmSm90(EpiloguePipelineSm90):
                 ab_pipeline.producer_tail(state)
         else:
             # ---------------- consumer warpgroups ----------------
-            if cutlass.const_expr(self.regs is not None):
-                cute.arch.setmaxregister_increase(self.regs[1])
+            cute.arch.setmaxregister_increase(CONSUMER_REGS[self.num_consumer_wg])
             if cutlass.const_expr(self.handoff):
                 sAcc = storage.sAcc.get_tensor(cute.make_layout(tm * tn))
                 # Set here, where both roles' code is dominated by it: a TiledMma mutated inside

@@ -26,7 +26,6 @@ def test_also_refuses_what_is_not_field_equals_value(bad):
 @pytest.mark.parametrize("command,argv", [("host", ["--calls", "1"]), ("host", ["--step"]),
                                           ("configs", ["--T", "128"]), ("ncu-cases", []),
                                           ("ncu-cases", ["--short-k-dact"]), ("ncu-cases", ["--short-k-pingpong"]),
-                                          ("ncu-cases", ["--short-k-two-per-sm"]),
                                           ("ncu-cases", ["--epilogue-gap", "8192,4096,1376,swiglu"])])
 def test_gpu_only_commands_say_so(command, argv):
     from parallel_mlp.bench.__main__ import main
@@ -39,8 +38,7 @@ def test_gpu_only_commands_say_so(command, argv):
     (["--epilogue-gap", "8192,4096,swiglu"], "--shape must be T,d,h,activation"),
     (["--epilogue-gap", "8192,4096,1376,relu9"], "relu9"),
     (["--short-k-dact", "--epilogue-gap", "8192,4096,1376,swiglu"], "different case lists"),
-    (["--short-k-dact", "--short-k-pingpong"], "different case lists"),
-    (["--short-k-two-per-sm", "--short-k-dact"], "different case lists")])
+    (["--short-k-dact", "--short-k-pingpong"], "different case lists")])
 def test_ncu_cases_refuses_a_bad_epilogue_gap_before_touching_the_gpu(argv, message, capsys):
     from parallel_mlp.bench.ncu_cases import main
 

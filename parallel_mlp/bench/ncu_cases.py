@@ -16,10 +16,6 @@ config and in pingpong 128x128 tiles (2x1, two preact slots, 16-column subtiles)
 one warpgroup's epilogue the other's mainloop to hide behind yet ran no faster, so what the
 two schedules keep busy (tensor pipe, shared memory, issue) says which resource the epilogue
 takes from the mainloop (`--launch-skip 4`).
-``--short-k-two-per-sm`` profiles the same dact in its default config beside the 128x64 tile of
-two CTAs per SM (GemmConfig.ctas_per_sm) and the same tile at one CTA per SM, with the plain
-GEMM in both 128x64 configs: whether two CTAs are resident (the Occupancy and LaunchStats
-sections) and what the second CTA does to the tensor pipe and the stalls (`--launch-skip 5`).
 ``--epilogue-gap T,d,h,act`` (repeatable) profiles, at each shape, the two epilogue GEMMs beside
 the plain GEMMs of their shapes and configs (fc1 + act and plain fc1; the dact and plain dy@W2 in
 the dact's config, and plain dy@W2 in its own default): what the epilogue costs in cycles, clock,
@@ -94,24 +90,6 @@ def short_k_pingpong_cases():
     ]
 
 
-def short_k_two_per_sm_cases():
-    from ..kernels import ops
-    from ..kernels.config import GemmConfig
-
-    dy, w2, pre = _short_k_operands()
-    one = GemmConfig(128, 64, 1, 1, 8, epi_n=16, dact_prefetch=2)
-    two = dataclasses.replace(one, ctas_per_sm=2)
-    return [
-        ("dpost dy@W2 + swiglu dact, its default config", lambda: ops.gemm_dact(dy, w2, pre, "swiglu")),
-        ("dpost dy@W2 + swiglu dact, 128x64, one CTA per SM",
-         lambda: ops.gemm_dact(dy, w2, pre, "swiglu", config=one)),
-        ("dpost dy@W2 + swiglu dact, 128x64, two CTAs per SM",
-         lambda: ops.gemm_dact(dy, w2, pre, "swiglu", config=two)),
-        ("dpost dy@W2 plain, 128x64, one CTA per SM", lambda: ops.gemm(dy, w2, config=one)),
-        ("dpost dy@W2 plain, 128x64, two CTAs per SM", lambda: ops.gemm(dy, w2, config=two)),
-    ]
-
-
 def epilogue_gap_cases(shapes):
     """Per (T, d, h, act): fc1 + act, plain fc1 (the same config: store and act choose alike),
     the dact, plain dy@W2 in the dact's config, plain dy@W2 in its default config."""
@@ -164,16 +142,12 @@ def main(argv=None) -> int:
                         help="the swiglu dact at K = 1024 and plain GEMMs of its shape instead")
     parser.add_argument("--short-k-pingpong", action="store_true",
                         help="that dact and its plain GEMM, cooperative 128x128 and pingpong 128x128")
-    parser.add_argument("--short-k-two-per-sm", action="store_true",
-                        help="that dact in its default config and in 128x64 tiles at one and two "
-                             "CTAs per SM, with the plain GEMM in both")
     parser.add_argument("--epilogue-gap", action="append", type=parse_shape, metavar="T,d,h,act",
                         help="fc1 + act and the dact beside the plain GEMMs of their shapes and "
                              "configs, at this shape instead (repeatable)")
     args = parser.parse_args(argv)
-    if args.short_k_dact + args.short_k_pingpong + args.short_k_two_per_sm + bool(args.epilogue_gap) > 1:
-        parser.error("--short-k-dact, --short-k-pingpong, --short-k-two-per-sm and --epilogue-gap are "
-                     "different case lists: give one")
+    if args.short_k_dact + args.short_k_pingpong + bool(args.epilogue_gap) > 1:
+        parser.error("--short-k-dact, --short-k-pingpong and --epilogue-gap are different case lists: give one")
     if not torch.cuda.is_available():
         raise SystemExit("ncu-cases needs a CUDA GPU")
     if args.epilogue_gap:
@@ -182,8 +156,6 @@ def main(argv=None) -> int:
         todo = short_k_dact_cases()
     elif args.short_k_pingpong:
         todo = short_k_pingpong_cases()
-    elif args.short_k_two_per_sm:
-        todo = short_k_two_per_sm_cases()
     else:
         todo = cases()
     for _ in range(2):
